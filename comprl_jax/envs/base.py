@@ -1,0 +1,111 @@
+"""The text-environment protocol every environment in ``comprl_jax.envs`` follows.
+
+An environment is a ``gymnasium.Env`` whose observations and actions are text (``spaces.Text``):
+
+* ``reset(seed=s) -> (obs_text, info)`` with ``info`` holding at least
+  ``task_id`` (str), ``goal`` (str), ``query`` (str: the retrieval query of SPEC §5) and, where the env
+  has them, ``admissible_actions`` (list[str]).
+* ``step(reply_text) -> (obs_text, reward, terminated, truncated, info)``; ``reply_text`` is the actor's whole
+  reply: the env parses the action out of it (``<answer>…</answer>``). ``info`` holds ``success`` (bool),
+  ``invalid_action`` (bool, this step), ``num_invalid`` (int, this episode), ``turn`` (int) and ``action``
+  (the parsed action or None). An unparsable / invalid action never raises.
+* ``system_prompt() -> str``: states the task, the action format and the action set.
+* Truncation after ``max_turns`` steps (config).
+
+The same seed and actions must give identical observation sequences (tested for every env).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+MAX_TEXT = 1 << 16
+
+# A printable-ish charset for spaces.Text; observations are free text, so the space is only descriptive.
+_CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+
+
+def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
+    return spaces.Text(max_length=max_length, min_length=0, charset=_CHARSET)
+
+
+def parse_answer(reply: str) -> str | None:
+    """Returns the stripped text inside the *last* ``<answer>…</answer>`` of ``reply``, or None.
+
+    The last one wins because reasoning in ``<think>`` may quote the format before the real answer.
+    """
+    found = ANSWER_RE.findall(reply or "")
+    if not found:
+        return None
+    action = found[-1].strip()
+    return action or None
+
+
+class TextEnv(gym.Env):
+    """Base class: bookkeeping for turns, invalid actions and truncation. Subclasses implement
+    ``_reset(seed) -> (obs, info)``, ``_step(action: str | None) -> (obs, reward, terminated, info)`` and
+    ``system_prompt()``."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, max_turns: int):
+        if max_turns <= 0:
+            raise ValueError(f"max_turns must be positive, got {max_turns}")
+        self.max_turns = int(max_turns)
+        self.observation_space = text_space()
+        self.action_space = text_space()
+        self._turn = 0
+        self._num_invalid = 0
+        self._done = False
+
+    # -- to implement ------------------------------------------------------------------------------
+    def _reset(self, seed: int | None) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
+        """``action`` is the parsed action (None when unparsable). Returns (obs, reward, terminated, info);
+        ``info`` must carry ``success`` and ``invalid_action``."""
+        raise NotImplementedError
+
+    def system_prompt(self) -> str:
+        raise NotImplementedError
+
+    def parse_action(self, reply: str) -> str | None:
+        return parse_answer(reply)
+
+    # -- gymnasium API -----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self._turn = 0
+        self._num_invalid = 0
+        self._done = False
+        obs, info = self._reset(seed)
+        for key in ("task_id", "goal", "query"):
+            if key not in info:
+                raise KeyError(f"{type(self).__name__}._reset must put {key!r} in info")
+        info.setdefault("success", False)
+        info["turn"] = 0
+        info["num_invalid"] = 0
+        return obs, info
+
+    def step(self, action: str):
+        if self._done:
+            raise RuntimeError(f"{type(self).__name__}.step called after the episode ended; call reset()")
+        parsed = self.parse_action(action)
+        obs, reward, terminated, info = self._step(parsed)
+        self._turn += 1
+        invalid = bool(info.get("invalid_action", parsed is None))
+        info["invalid_action"] = invalid
+        self._num_invalid += int(invalid)
+        info["num_invalid"] = self._num_invalid
+        info["turn"] = self._turn
+        info["action"] = parsed
+        info.setdefault("success", False)
+        truncated = (not terminated) and self._turn >= self.max_turns
+        self._done = bool(terminated or truncated)
+        return obs, float(reward), bool(terminated), bool(truncated), info
