@@ -1,0 +1,178 @@
+"""The run configuration schema (ml_collections), its variants, and start-up validation.
+
+Every experiment file in ``configs/`` builds on :func:`base_config` (the paper's hyperparameters, SPEC §9) and
+applies a variant: ``""`` (paper scale, real model names), ``"tiny"`` (this CPU: tiny random-init models,
+constrained decoding, small batches) or ``"smollm"`` (SmolLM2-135M-Instruct as actor and extractor, sized for a GPU).
+Configs are locked: a typo in ``--config.actor.lr`` fails at parse time, and :func:`validate` names any bad value.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+METHODS = ("complementary", "baseline", "static_online", "exp_only", "offline")
+ADV_NORMS = ("mean_std", "mean")
+RATIOS = ("token", "sequence")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "subgroup_mean")
+BANK_KEYS = ("content", "query")
+DISTILL_FROM = ("all", "guided")
+PLACEMENTS = ("colocated", "disjoint")
+
+
+def _sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, greedy=False)
+    )
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Paper defaults (SPEC §2-6, §9). Unlocked; experiment files edit it, then call :func:`finalize`."""
+    c = ml_collections.ConfigDict()
+    c.experiment = "unnamed"
+    c.seed = 0
+    c.method = "complementary"
+
+    c.env = ml_collections.ConfigDict()
+    c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)  # multi-task: several ids, one bank partition each
+    c.env.max_turns = 30
+    c.env.backend = "thread"  # "thread" | "process" (GIL-bound TextWorld/ALFWorld)
+    c.env.workers = 8
+    c.env.step_timeout_s = 60.0
+    c.env.eval_split = "eval"
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.tasks_per_step = 16  # x group_size = rollout batch 128
+    c.rollout.group_size = 8  # K: K/2 guided + K/2 free
+    c.rollout.max_context = 32768  # actor max sequence length
+
+    c.actor = ml_collections.ConfigDict()
+    c.actor.model = "Qwen/Qwen2.5-7B-Instruct"  # HF folder path, preset name, or "tiny"
+    c.actor.lr = 1e-6
+    c.actor.weight_decay = 0.0
+    c.actor.grad_clip = 1.0
+    c.actor.clip_eps = 0.2
+    c.actor.adv_norm = "mean_std"
+    c.actor.adv_eps = 1e-6
+    c.actor.ratio = "token"
+    c.actor.loss_agg = "token_mean"
+    c.actor.warmup_steps = 0
+    c.actor.micro_batch = 8
+    c.actor.self_distill_coef = 0.0  # SPEC §7, off
+    c.actor.actor_critic = False  # SPEC §7, off
+    c.actor.sampling = _sampling(0.99, 0.99, 100, 4096)
+    c.actor.constrained = False  # device-side action automaton (tiny models)
+
+    c.extractor = ml_collections.ConfigDict()
+    c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
+    c.extractor.lr = 1e-6
+    c.extractor.weight_decay = 0.0
+    c.extractor.grad_clip = 1.0
+    c.extractor.cispo_eps = 0.1
+    c.extractor.loss_agg = "token_mean"
+    c.extractor.buffer_size = 64
+    c.extractor.cooldown = 1  # Eq. 7 delta
+    c.extractor.alpha = 0.5  # Eq. 7
+    c.extractor.distill_from = "all"
+    c.extractor.micro_batch = 8
+    c.extractor.max_context = 65536
+    c.extractor.max_entry_chars = 2000
+    c.extractor.sampling = _sampling(1.0, 0.99, 0, 8192)
+    c.extractor.constrained = False
+    c.extractor.update = True  # False: Static Online Exp.
+
+    c.bank = ml_collections.ConfigDict()
+    c.bank.capacity = 20000
+    c.bank.key = "content"
+    c.bank.dedup_threshold = 0.0  # 0 = off
+    c.bank.merge_every = 5
+    c.bank.merge_chunk = 5
+    c.bank.merge = True
+
+    c.retrieval = ml_collections.ConfigDict()
+    c.retrieval.k = 1
+    c.retrieval.candidates = 16
+    c.retrieval.lam = 0.4
+    c.retrieval.window_s = 300.0
+    c.retrieval.dropout = 0.5
+    c.retrieval.embedder = "Qwen/Qwen3-Embedding-0.6B"
+    c.retrieval.search_and_ask = True
+    c.retrieval.search_and_ask_max = 2
+    c.retrieval.search_and_ask_guided_only = True
+
+    c.manager = ml_collections.ConfigDict()
+    c.manager.query_batch = 16
+    c.manager.t_max_ms = 1.0
+    c.manager.search_workers = 4
+    c.manager.embed_workers = 4
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 145
+    c.train.eval_every = 0  # 0 = only at the end
+    c.train.eval_tasks = 128
+    c.train.log_every = 1
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    c.mesh.placement = "colocated"
+    c.mesh.actor_fraction = 0.5  # disjoint placement: share of devices for the actor
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 5
+    c.checkpoint.max_to_keep = 3
+    return c
+
+
+def apply_method(c: ml_collections.ConfigDict, method: str) -> ml_collections.ConfigDict:
+    """SPEC §8 baselines as config edits."""
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} unknown; choose one of {METHODS} (config key method)")
+    c.method = method
+    if method == "static_online":
+        c.extractor.update = False
+    if method == "offline":
+        c.extractor.update = False
+    return c
+
+
+def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    validate(c)
+    c.lock()
+    return c
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"config key {key}: {msg}")
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first bad key."""
+    _check(c.method in METHODS, "method", f"{c.method!r} not in {METHODS}")
+    _check(len(c.env.tasks) >= 1, "env.tasks", "needs at least one env id")
+    _check(c.env.max_turns > 0, "env.max_turns", "must be positive")
+    _check(c.env.backend in ("thread", "process"), "env.backend", "must be 'thread' or 'process'")
+    _check(c.rollout.group_size >= 2 and c.rollout.group_size % 2 == 0, "rollout.group_size",
+           f"must be even and >= 2 (half guided, half free), got {c.rollout.group_size}")
+    _check(c.rollout.tasks_per_step >= 1, "rollout.tasks_per_step", "must be >= 1")
+    _check(c.actor.adv_norm in ADV_NORMS, "actor.adv_norm", f"{c.actor.adv_norm!r} not in {ADV_NORMS}")
+    _check(c.actor.ratio in RATIOS, "actor.ratio", f"{c.actor.ratio!r} not in {RATIOS}")
+    _check(c.actor.loss_agg in LOSS_AGGS, "actor.loss_agg", f"{c.actor.loss_agg!r} not in {LOSS_AGGS}")
+    _check(c.extractor.loss_agg in LOSS_AGGS, "extractor.loss_agg", f"not in {LOSS_AGGS}")
+    _check(0 < c.actor.clip_eps < 1, "actor.clip_eps", "must be in (0, 1)")
+    _check(0 < c.extractor.cispo_eps < 1, "extractor.cispo_eps", "must be in (0, 1)")
+    _check(c.actor.lr > 0 and c.extractor.lr > 0, "actor.lr / extractor.lr", "must be positive")
+    _check(c.extractor.buffer_size >= 1, "extractor.buffer_size", "must be >= 1")
+    _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
+    _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
+    _check(c.bank.capacity >= 1, "bank.capacity", "must be >= 1")
+    _check(c.bank.merge_every >= 1 and c.bank.merge_chunk >= 1, "bank.merge_every / bank.merge_chunk", "must be >= 1")
+    _check(c.retrieval.k >= 1 and c.retrieval.candidates >= c.retrieval.k, "retrieval.candidates",
+           "must be >= retrieval.k >= 1")
+    _check(0.0 <= c.retrieval.dropout <= 1.0, "retrieval.dropout", "must be in [0, 1]")
+    _check(c.mesh.placement in PLACEMENTS, "mesh.placement", f"not in {PLACEMENTS}")
+    _check(0.0 < c.mesh.actor_fraction < 1.0, "mesh.actor_fraction", "must be in (0, 1)")
+    _check(c.train.steps >= 1, "train.steps", "must be >= 1")
+    _check(c.checkpoint.every >= 1 and c.checkpoint.max_to_keep >= 2, "checkpoint.every / checkpoint.max_to_keep",
+           "every >= 1 and max_to_keep >= 2")
