@@ -1,0 +1,253 @@
+"""Decoder configuration: one frozen dataclass for the Qwen2 / Qwen2.5 / Qwen3 / Llama family.
+
+``ModelConfig`` is hashable so it can be a static argument of ``jax.jit``. ``from_hf_config`` reads a Hugging Face
+``config.json`` dict (both the transformers-4 spelling ``rope_theta`` + ``rope_scaling`` and the transformers-5
+``rope_parameters``) and refuses anything this decoder would silently get wrong, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+ARCHS = ("qwen2", "qwen3", "llama")
+# RoPE scaling types implemented in ``layers.rope_inv_freq`` ("default" = none).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Keys of HF configs that do not change the math of this decoder (bookkeeping, generation defaults, training-only
+# options). Anything outside this set and the keys read below is rejected, so a new architectural knob is never
+# silently dropped.
+_IGNORED_KEYS = frozenset(
+    {
+        "architectures",
+        "attention_dropout",  # we never use attention dropout (RL fine-tuning of pretrained models)
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "initializer_range",
+        "transformers_version",
+        "use_cache",
+        "torch_dtype",  # storage dtype of the checkpoint; compute/param dtypes come from ModelConfig
+        "dtype",
+        "max_window_layers",  # only meaningful with use_sliding_window=true, which we reject
+        "sliding_window",
+        "_name_or_path",
+        "is_llama_config",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "tokenizer_class",
+        "model_name",
+        "name_or_path",
+    }
+)
+
+
+def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
+    """(rope_theta, rope_scaling items) from either HF spelling; validates the scaling type."""
+    params = d.get("rope_parameters")
+    scaling = d.get("rope_scaling")
+    theta = d.get("rope_theta")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise ValueError(f"config key 'rope_parameters' must be a dict, got {params!r}")
+        if "full_attention" in params or "sliding_attention" in params:
+            raise ValueError("config key 'rope_parameters': per-layer-type RoPE parameters are not supported")
+        params = dict(params)
+        theta = params.pop("rope_theta", theta)
+        scaling = params if params.get("rope_type", params.get("type", "default")) != "default" else None
+    theta = 10000.0 if theta is None else float(theta)
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise ValueError(f"config key 'rope_scaling' must be a dict or null, got {scaling!r}")
+    scaling = dict(scaling)
+    kind = scaling.pop("rope_type", scaling.pop("type", None))
+    if kind == "default":
+        return theta, None
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"config key 'rope_scaling' has unsupported type {kind!r}; supported: {ROPE_TYPES}")
+    scaling.pop("rope_theta", None)
+    if "factor" not in scaling:
+        raise ValueError(f"config key 'rope_scaling' ({kind}) needs a 'factor'")
+    items = tuple(sorted({**scaling, "rope_type": kind}.items()))
+    return theta, items
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of the decoder. Frozen and hashable (a static jit argument).
+
+    Attributes:
+      arch: "qwen2" (qkv bias) | "qwen3" (per-head q/k RMSNorm) | "llama" (neither).
+      rope_scaling: ``None`` or a tuple of sorted ``(key, value)`` items including ``("rope_type", kind)``.
+      param_dtype: dtype parameters are stored in; ``dtype``: matmul compute dtype (attention softmax, norms and
+        logits are always float32).
+    """
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 32768
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"model arch {self.arch!r} is not supported; use one of {ARCHS}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads} (GQA)"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+        for key in ("param_dtype", "dtype"):
+            if getattr(self, key) not in DTYPES:
+                raise ValueError(f"ModelConfig.{key}={getattr(self, key)!r}; use one of {DTYPES}")
+        if self.rope_scaling is not None:
+            kind = dict(self.rope_scaling).get("rope_type")
+            if kind not in ROPE_TYPES or kind == "default":
+                raise ValueError(f"rope_scaling type {kind!r} is not supported; use one of {ROPE_TYPES[1:]}")
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @classmethod
+    def from_hf_config(cls, d: dict, **overrides) -> ModelConfig:
+        """Builds a config from a Hugging Face ``config.json`` dict.
+
+        Args:
+          d: the parsed json.
+          **overrides: ModelConfig fields to set afterwards (e.g. ``param_dtype="bfloat16"``).
+        Raises:
+          ValueError: naming the key, for an unknown key or an unsupported value.
+        """
+        d = dict(d)
+        arch = d.get("model_type")
+        if arch not in ARCHS:
+            raise ValueError(f"config key 'model_type' is {arch!r}; supported: {ARCHS}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"config key 'hidden_act' is {d['hidden_act']!r}; only 'silu' (SwiGLU) is supported"
+            )
+        if d.get("use_sliding_window", False):
+            raise ValueError(
+                "config key 'use_sliding_window' is true; sliding-window attention is not supported"
+            )
+        if any(t != "full_attention" for t in d.get("layer_types") or ()):
+            raise ValueError(f"config key 'layer_types' must be all 'full_attention', got {d['layer_types']}")
+        if d.get("attention_bias", False) and arch != "qwen2":
+            # Llama/Qwen3 attention_bias also adds an o_proj bias, which this decoder does not have.
+            raise ValueError(f"config key 'attention_bias' is true for {arch}; not supported")
+        if d.get("mlp_bias", False):
+            raise ValueError("config key 'mlp_bias' is true; not supported")
+        if d.get("pretraining_tp", 1) != 1:
+            raise ValueError(f"config key 'pretraining_tp' is {d['pretraining_tp']}; only 1 is supported")
+        if d.get("rope_interleaved", False):
+            raise ValueError(
+                "config key 'rope_interleaved' is true; only the rotate-half RoPE layout is supported"
+            )
+        if d.get("quantization_config") is not None:
+            raise ValueError(
+                "config key 'quantization_config' is set; quantized checkpoints are not supported"
+            )
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        ):
+            if key not in d:
+                raise ValueError(f"config key {key!r} is missing")
+        read = {
+            "model_type", "hidden_act", "use_sliding_window", "layer_types", "attention_bias", "mlp_bias",
+            "pretraining_tp", "rope_interleaved", "quantization_config", "vocab_size", "hidden_size",
+            "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "tie_word_embeddings",
+            "max_position_embeddings",
+        }  # fmt: skip
+        unknown = sorted(set(d) - read - _IGNORED_KEYS)
+        if unknown:
+            raise ValueError(
+                f"config keys {unknown} are not supported by comprl_jax.models (unknown to this decoder)"
+            )
+        theta, scaling = _rope_from_hf(d)
+        heads = int(d["num_attention_heads"])
+        fields = dict(
+            arch=arch,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            # transformers defaults: Qwen2/Qwen3 untied, Llama untied.
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_hf_config(self) -> dict:
+        """A ``config.json`` dict that ``transformers`` (4.x legacy keys, also read by 5.x) loads."""
+        arch_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+        d = {
+            "architectures": [arch_name[self.arch]],
+            "model_type": self.arch,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling_dict,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": self.param_dtype,
+        }
+        if self.arch != "qwen2":
+            d["attention_bias"] = False
+        return d
+
+    @classmethod
+    def tiny(cls, arch: str = "qwen3", **overrides) -> ModelConfig:
+        """A 2-layer, d_model 64 config of the given family for CPU tests (GQA 4 query / 2 kv heads)."""
+        fields = dict(
+            arch=arch,
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            max_position_embeddings=2048,
+        )
+        fields.update(overrides)
+        return cls(**fields)

@@ -1,0 +1,238 @@
+"""The decoder (Qwen2 / Qwen2.5 / Qwen3 / Llama) as a Flax NNX module plus a pure, jittable API.
+
+Layer parameters are *stacked* along a leading ``layers`` axis and the forward pass is one ``lax.scan``: compile
+time stays flat in depth (28-36 layers for the real models) and the KV cache is a single ``[L, B, S, Hkv, Dh]``
+array per k/v. Every parameter carries logical axis names (``out_sharding=``) resolved by
+``comprl_jax.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
+``hf_io`` transposes on the way in and out).
+
+Pure API (graphdef static under jit):
+  forward(graphdef, params, tokens, positions, mask) -> logits          (training / scoring, no cache)
+  extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)   (prefill and decode through the cache)
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from comprl_jax import sharding
+from comprl_jax.models import layers as L
+from comprl_jax.models.config import ModelConfig
+
+# Logical axes of the KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
+CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+
+
+class Layers(nnx.Module):
+    """All transformer blocks' parameters, stacked along a leading ``[L]`` axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        n, d, f = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
+        qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        pdt = jnp.dtype(cfg.param_dtype)
+        normal = jax.nn.initializers.normal(0.02)  # HF initializer_range
+
+        def w(shape, names):
+            return nnx.Param(normal(rngs.params(), (n, *shape), pdt), out_sharding=("layers", *names))
+
+        def const(shape, names, value):
+            return nnx.Param(jnp.full((n, *shape), value, pdt), out_sharding=("layers", *names))
+
+        self.attn_norm = const((d,), ("norm",), 1.0)
+        self.q_proj = w((d, qd), ("embed", "q_heads_dim"))
+        self.k_proj = w((d, kvd), ("embed", "kv_heads_dim"))
+        self.v_proj = w((d, kvd), ("embed", "kv_heads_dim"))
+        self.o_proj = w((qd, d), ("q_heads_dim", "embed"))
+        if cfg.qkv_bias:
+            self.q_bias = const((qd,), ("q_heads_dim",), 0.0)
+            self.k_bias = const((kvd,), ("kv_heads_dim",), 0.0)
+            self.v_bias = const((kvd,), ("kv_heads_dim",), 0.0)
+        if cfg.qk_norm:
+            self.q_norm = const((cfg.head_dim,), ("head_dim",), 1.0)
+            self.k_norm = const((cfg.head_dim,), ("head_dim",), 1.0)
+        self.mlp_norm = const((d,), ("norm",), 1.0)
+        self.gate_proj = w((d, f), ("embed", "mlp"))
+        self.up_proj = w((d, f), ("embed", "mlp"))
+        self.down_proj = w((f, d), ("mlp", "embed"))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        """The stacked arrays by name (the ``xs`` of the layer scan)."""
+        return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+def _qkv(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    """Pre-norm, projections, optional bias / q-k norm, RoPE. x ``[B, T, D]`` -> q ``[B,T,H,Dh]``, k/v ``[B,T,Hkv,Dh]``."""
+    b, t, _ = x.shape
+    h = L.rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = L.dense(h, p["q_proj"], p.get("q_bias")).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    k = L.dense(h, p["k_proj"], p.get("k_bias")).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    v = L.dense(h, p["v_proj"], p.get("v_bias")).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim of each head, before RoPE
+        q = L.rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = L.rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    return L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin), v
+
+
+def _finish(cfg: ModelConfig, p: dict, x: jax.Array, attn: jax.Array) -> jax.Array:
+    """Output projection + residual, then the pre-norm SwiGLU MLP + residual."""
+    x = x + L.dense(attn, p["o_proj"])
+    h = L.rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    return x + L.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer. Use through :func:`forward` / :func:`extend` on ``nnx.split`` state."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        pdt = jnp.dtype(cfg.param_dtype)
+        d, v = cfg.hidden_size, cfg.vocab_size
+        normal = jax.nn.initializers.normal(0.02)
+        self.embed = nnx.Param(normal(rngs.params(), (v, d), pdt), out_sharding=("vocab", "embed"))
+        self.layers = Layers(cfg, rngs=rngs)
+        self.final_norm = nnx.Param(jnp.ones((d,), pdt), out_sharding=("norm",))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(normal(rngs.params(), (d, v), pdt), out_sharding=("embed", "vocab"))
+
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.embed[...], tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
+
+    def _head(self, x: jax.Array, return_hidden: bool) -> jax.Array:
+        h = L.rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
+        if return_hidden:
+            return h.astype(jnp.float32)
+        if self.cfg.tie_word_embeddings:
+            w = self.embed[...].astype(h.dtype)
+            return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "btd,dv->btv", h, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32
+        )
+
+    def __call__(self, tokens, positions, mask, *, return_hidden: bool = False, remat: bool = False):
+        """See :func:`forward`."""
+        cfg = self.cfg
+        t = tokens.shape[1]
+        cos, sin = L.rope_cos_sin(cfg, positions)
+        idx = jnp.arange(t)
+        # Causal in column order among valid (mask) keys; positions only drive RoPE.
+        allowed = (idx[None, :, None] >= idx[None, None, :]) & mask[:, None, :].astype(bool)
+
+        def body(x, p):
+            q, k, v = _qkv(cfg, p, x, cos, sin)
+            return _finish(cfg, p, x, L.attention(q, k, v, allowed)), None
+
+        if remat:
+            body = jax.checkpoint(body)
+        x, _ = jax.lax.scan(body, self._embed(tokens), self.layers.arrays())
+        return self._head(x, return_hidden)
+
+    def extend(self, cache: KVCache, tokens: jax.Array, num_new: jax.Array):
+        """See :func:`extend`."""
+        cfg = self.cfg
+        b, t = tokens.shape
+        s = cache.k.shape[2]
+        col = jnp.arange(t)
+        positions = cache.lengths[:, None] + col[None, :]  # [B, T]; RoPE position = cache slot
+        valid = col[None, :] < num_new[:, None]
+        # Padding columns scatter to slot S (out of bounds) and are dropped: they never touch the cache.
+        slots = jnp.where(valid, positions, s)
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+        new_len = cache.lengths + num_new
+        key = jnp.arange(s)[None, None, :]
+        allowed = (key <= positions[:, :, None]) & (key < new_len[:, None, None])  # [B, T, S]
+        cos, sin = L.rope_cos_sin(cfg, positions)
+
+        def body(carry, xs):
+            x, ck, cv = carry
+            p, layer = xs
+            q, k, v = _qkv(cfg, p, x, cos, sin)
+            # Scatter into the full [L, ...] carry so XLA updates the cache buffer in place.
+            ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
+            cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
+            attn = L.attention(q, ck[layer], cv[layer], allowed)
+            return (_finish(cfg, p, x, attn), ck, cv), None
+
+        xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
+        (x, ck, cv), _ = jax.lax.scan(body, (self._embed(tokens), cache.k, cache.v), xs)
+        return self._head(x, False), KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Explicit KV cache pytree.
+
+    Attributes:
+      k, v: ``[L, B, S, Hkv, Dh]`` keys (after RoPE) and values; slot ``s`` of row ``b`` holds position ``s``.
+      lengths: ``[B]`` int32, number of filled slots per row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def init_decoder(cfg: ModelConfig, seed: int = 0, mesh=None, rules=sharding.DEFAULT_RULES):
+    """Random-init decoder (HF init: normal(0.02) weights, unit norms, zero biases).
+
+    Args:
+      cfg: the config. seed: PRNG seed. mesh: when given, parameters are created sharded inside one jit.
+    Returns:
+      ``(graphdef, params)``; ``params`` is an ``nnx.State`` of ``nnx.Param``.
+    """
+    factory = lambda: Decoder(cfg, rngs=nnx.Rngs(params=seed))  # noqa: E731
+    if mesh is not None:
+        return sharding.create_sharded(factory, mesh, rules)
+    graphdef, params = nnx.split(factory())
+    return graphdef, params
+
+
+def abstract_decoder(cfg: ModelConfig):
+    """``(graphdef, abstract params)`` without allocating (``jax.eval_shape``)."""
+    return sharding.abstract_module(lambda: Decoder(cfg, rngs=nnx.Rngs(params=0)))
+
+
+def forward(graphdef, params, tokens, positions, mask, *, return_hidden: bool = False, remat: bool = False):
+    """Full-sequence forward pass without a cache (training, scoring, embedding).
+
+    Args:
+      tokens: ``[B, T]`` int32. positions: ``[B, T]`` int32 RoPE positions. mask: ``[B, T]`` bool valid tokens;
+        each token attends causally (column order) to valid tokens.
+      return_hidden: return the final-normed hidden state instead of logits.
+      remat: rematerialise each layer in the backward pass (saves activation memory).
+    Returns:
+      logits ``[B, T, V]`` float32, or hidden ``[B, T, D]`` float32. Rows of invalid tokens are meaningless.
+    """
+    model = nnx.merge(graphdef, params)
+    return model(tokens, positions, mask, return_hidden=return_hidden, remat=remat)
+
+
+def extend(graphdef, params, cache: KVCache, tokens: jax.Array, num_new: jax.Array):
+    """Appends ``tokens[b, :num_new[b]]`` to row ``b`` of the cache and returns their logits.
+
+    Token ``t`` of row ``b`` goes to slot ``lengths[b] + t`` (its RoPE position) and attends causally to the
+    row's cache. Columns ``>= num_new[b]`` are padding: not written, their logits meaningless. Slots past the
+    cache length are dropped silently, so callers must size the cache. Prefill = extend on an empty cache; a
+    decode step = extend with ``T = 1, num_new = 1``.
+
+    Args:
+      cache: :class:`KVCache` with ``[L, B, S, Hkv, Dh]`` arrays. tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
+    Returns:
+      ``(logits [B, T, V] float32, cache)`` with ``lengths += num_new``.
+    """
+    model = nnx.merge(graphdef, params)
+    return model.extend(cache, tokens, num_new)
+
+
+def count_params(params) -> int:
+    """Total number of parameter elements in a (possibly abstract) state."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))

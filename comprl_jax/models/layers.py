@@ -1,0 +1,137 @@
+"""Pure building blocks of the decoder: RMSNorm, RoPE (with HF-compatible scaling), GQA attention, SwiGLU.
+
+All functions are pure jnp code on explicit arrays so that the decoder can ``lax.scan`` over stacked layer
+parameters. Numerics follow Hugging Face ``transformers`` (Qwen2/Qwen3/Llama) so that fp32 logits agree to 1e-4:
+norms and softmax run in float32, RoPE uses the rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from comprl_jax.models.config import ModelConfig
+
+# Masked attention scores use a large finite value, not -inf: a query row with no visible key (a padding column)
+# then gets a uniform softmax instead of NaN, and NaNs never leak into gradients through jnp.where.
+NEG_INF = -1e30
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, statistics in float32 (as HF), result in ``x.dtype``.
+
+    Args:
+      x: ``[..., D]``. w: ``[D]``.
+    """
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32.astype(x.dtype) * w.astype(x.dtype)
+
+
+def _yarn(inv_freq: np.ndarray, dim: int, base: float, sc: dict, max_pos: int) -> tuple[np.ndarray, float]:
+    """YaRN frequency blend and attention factor, as ``transformers`` ``_compute_yarn_parameters``."""
+    # transformers 5 uses the configured factor; the original context defaults to max_position_embeddings.
+    factor = float(sc["factor"])
+    orig = sc.get("original_max_position_embeddings") or max_pos
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = sc.get("attention_factor")
+    if attn is None:
+        m, m_all = sc.get("mscale"), sc.get("mscale_all_dim")
+        attn = get_mscale(factor, m) / get_mscale(factor, m_all) if m and m_all else get_mscale(factor)
+    beta_fast, beta_slow = sc.get("beta_fast") or 32, sc.get("beta_slow") or 1
+
+    def corr_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if sc.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrap = 1.0 - ramp
+    inv = (inv_freq / factor) * (1 - extrap) + inv_freq * extrap
+    return inv, float(attn)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies ``[head_dim // 2]`` (float32) and the cos/sin attention factor for ``cfg``.
+
+    Computed on the host from the static config (trace-time constants). Mirrors ``transformers``'
+    ``ROPE_INIT_FUNCTIONS`` for "default", "linear", "llama3" and "yarn".
+    """
+    dim, base = cfg.head_dim, cfg.rope_theta
+    # HF: 1 / base ** (arange(0, dim, 2).float() / dim), in float32.
+    inv = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(np.float32)
+    sc = cfg.rope_scaling_dict
+    if sc is None:
+        return inv, 1.0
+    kind = sc["rope_type"]
+    if kind == "linear":
+        return (inv / float(sc["factor"])).astype(np.float32), 1.0
+    if kind == "llama3":
+        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(medium, smoothed, out).astype(np.float32), 1.0
+    if kind == "yarn":
+        inv, attn = _yarn(inv, dim, base, sc, cfg.max_position_embeddings)
+        return inv.astype(np.float32), attn
+    raise ValueError(f"rope_scaling type {kind!r} is not supported")
+
+
+def rope_cos_sin(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos, sin tables ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
+    inv, attn = rope_inv_freq(cfg)
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv)  # [B, T, Dh/2]
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang) * attn, jnp.sin(ang) * attn
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. x: ``[B, T, H, Dh]``; cos/sin: ``[B, T, Dh]``. Returns ``x.dtype``."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rot = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None] + rot * sin[:, :, None]).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+    """Grouped-query attention, plain einsum + mask + softmax in float32.
+
+    Args:
+      q: ``[B, T, H, Dh]`` queries. k, v: ``[B, S, Hkv, Dh]`` keys/values (H a multiple of Hkv).
+      allowed: ``[B, T, S]`` bool, which keys each query may see.
+    Returns:
+      ``[B, T, H * Dh]`` in ``q.dtype``.
+    """
+    b, t, h, dh = q.shape
+    hkv = k.shape[2]
+    qg = q.astype(jnp.float32).reshape(b, t, hkv, h // hkv, dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32)) * (dh**-0.5)
+    s = jnp.where(allowed[:, None, None], s, NEG_INF)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
+    return o.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
+    """``x @ w (+ b)`` in ``x.dtype`` (the compute dtype); w is ``[in, out]``."""
+    y = jnp.einsum("...i,io->...o", x, w.astype(x.dtype))
+    return y if b is None else y + b.astype(x.dtype)
+
+
+def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
+    """SwiGLU MLP: ``down(silu(gate x) * up x)``. x: ``[..., D]``; gate/up ``[D, F]``; down ``[F, D]``."""
+    return dense(jax.nn.silu(dense(x, gate)) * dense(x, up), down)
