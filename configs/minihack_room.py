@@ -1,0 +1,21 @@
+"""Single task: MiniHack Room (`MiniHack-Room-Ultimate-5x5-v0`), paper §5 / Fig. 6 (145 steps).
+
+Launch (paper scale; needs accelerators and the real HF weights in local folders):
+  python launch/train.py --config=configs/minihack_room.py --workdir=runs/room \
+      --config.actor.model=/path/Qwen2.5-7B-Instruct --config.extractor.model=/path/Qwen3-4B-Thinking-2507
+Tiny CPU variant (tiny random-init models, constrained actions; minutes on 2 cores):
+  python launch/train.py --config=configs/minihack_room.py:tiny --workdir=runs/room_tiny
+  -> one progress line per step; writes runs/room_tiny/{metrics.jsonl,tb/,checkpoints/,curves.png}
+Baselines: append `,baseline` (outcome-only GRPO), `,static_online`, `,exp_only`, `,offline` to the variant.
+SmolLM2-135M-Instruct as actor and extractor (GPU-sized, slow on CPU): `:smollm`.
+"""
+
+from comprl_jax.config import build
+
+
+def get_config(arg: str | None = None):
+    def edit(c, scale, extras):
+        c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
+        c.train.steps = 145
+
+    return build(arg, "minihack_room", edit)
