@@ -1,0 +1,220 @@
+"""Constrained decoding: a token automaton applied inside the decode loop.
+
+A :class:`TokenAutomaton` is two dense tables over the model vocabulary, indexed by an automaton state ``s``:
+
+* ``allowed[s, t]`` -- may token ``t`` be emitted in state ``s``;
+* ``next_state[s, t]`` -- the state after emitting ``t`` (only meaningful where allowed);
+
+plus ``accept[s]`` (the text so far is a complete match). State 0 is the initial state. At an accepting state the
+stop token ids (EOS / end-of-turn) are allowed too, so the model can end the reply there; a string that is a
+prefix of a longer allowed one (``"go"`` / ``"go north"``) lets the model choose.
+
+Dead states (no way to reach an accepting state with the vocabulary's tokens) are pruned, so *every reachable
+state allows at least one token*: the masked softmax is never all ``-inf`` (tested). Special tokens (``b""``
+bytes) are never allowed except the stop ids at accepting states.
+
+Builders work on ``vocab: Sequence[bytes]``: the exact bytes each token id contributes to decoded text
+(``Tokenizer.token_bytes``), ``b""`` for special/unused ids, padded to the model's vocabulary size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import flax.struct
+import jax
+import numpy as np
+
+
+@flax.struct.dataclass
+class TokenAutomaton:
+    """Device-side token automaton; a pytree, passed into the jitted decode as an argument.
+
+    Attributes:
+      allowed: ``[S, V]`` bool.
+      next_state: ``[S, V]`` int32 (self-loop where not allowed).
+      accept: ``[S]`` bool.
+    """
+
+    allowed: jax.Array
+    next_state: jax.Array
+    accept: jax.Array
+
+    @property
+    def num_states(self) -> int:
+        return int(self.allowed.shape[0])
+
+
+def vocab_bytes(tokenizer, vocab_size: int | None = None) -> list[bytes]:
+    """``[tokenizer.token_bytes(i) for i]``, padded with ``b""`` up to ``vocab_size`` (the model's, often larger)."""
+    n = int(tokenizer.vocab_size)
+    out = [bytes(tokenizer.token_bytes(i)) for i in range(n)]
+    if vocab_size is not None:
+        if vocab_size < n:
+            raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer's {n}")
+        out += [b""] * (vocab_size - n)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sparse form shared by the builders: trans[state] = {token: next_state}, a set of accepting states, initial.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _finalize(
+    trans: dict[int, dict[int, int]],
+    accept: set[int],
+    initial: int,
+    vocab_size: int,
+    stop_ids: Iterable[int],
+    what: str,
+) -> TokenAutomaton:
+    """Prunes dead / unreachable states, renumbers (initial -> 0) and builds the dense tables."""
+    stop_ids = sorted({int(i) for i in stop_ids})
+    if not stop_ids:
+        raise ValueError(f"{what}: at least one stop token id (EOS / end-of-turn) is needed to end a match")
+    bad = [i for i in stop_ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: stop token ids {bad} are outside the vocabulary [0, {vocab_size})")
+    # Live = can reach an accepting state (backward BFS over the token transitions).
+    states = set(trans) | accept | {initial} | {n for d in trans.values() for n in d.values()}
+    preds: dict[int, set[int]] = {s: set() for s in states}
+    for s, d in trans.items():
+        for n in d.values():
+            preds[n].add(s)
+    live = set(accept)
+    queue = deque(accept)
+    while queue:
+        for p in preds[queue.popleft()]:
+            if p not in live:
+                live.add(p)
+                queue.append(p)
+    if initial not in live:
+        raise ValueError(f"{what}: no allowed string can be spelled with this vocabulary's tokens")
+    # Reachable from the initial state through live states only; BFS order gives initial -> 0.
+    order = {initial: 0}
+    queue = deque([initial])
+    while queue:
+        s = queue.popleft()
+        for n in trans.get(s, {}).values():
+            if n in live and n not in order:
+                order[n] = len(order)
+                queue.append(n)
+    S = len(order)
+    allowed = np.zeros((S, vocab_size), bool)
+    next_state = np.tile(np.arange(S, dtype=np.int32)[:, None], (1, vocab_size))
+    acc = np.zeros((S,), bool)
+    for s, i in order.items():
+        for t, n in trans.get(s, {}).items():
+            if n in order:  # transitions into dead states are dropped (that is the pruning)
+                allowed[i, t] = True
+                next_state[i, t] = order[n]
+        if s in accept:
+            acc[i] = True
+            allowed[i, stop_ids] = True  # ending here is fine; the row stops, next_state is irrelevant
+    assert allowed.any(axis=1).all(), "internal: a live state masks every token"
+    return TokenAutomaton(allowed=allowed, next_state=next_state, accept=acc)
+
+
+def from_strings(
+    strings: Sequence[str | bytes], vocab: Sequence[bytes], stop_ids: Iterable[int]
+) -> TokenAutomaton:
+    """Automaton whose accepted texts are exactly ``strings`` (e.g. the action set, ``"<answer>north</answer>"``).
+
+    States are the nodes of a byte trie over ``strings``; token ``t`` is allowed in node ``s`` iff its bytes
+    continue a path of the trie (walked jointly with a byte trie of the vocabulary, so the cost is the size of
+    the intersection, not ``S * V``). Any tokenization of an allowed string is reachable.
+
+    Args:
+      strings: the allowed texts (str are UTF-8 encoded). Empty strings are rejected.
+      vocab: ``[V]`` bytes of each token id (``b""`` = special, never allowed).
+      stop_ids: token ids that end a reply (EOS / end-of-turn); allowed at accepting states only.
+    """
+    enc = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in strings]
+    if not enc or any(not s for s in enc):
+        raise ValueError(f"from_strings needs non-empty strings, got {list(strings)!r}")
+    # Byte trie over the allowed strings: node -> {byte: child}.
+    children: list[dict[int, int]] = [{}]
+    accept: set[int] = set()
+    for s in enc:
+        node = 0
+        for b in s:
+            nxt = children[node].get(b)
+            if nxt is None:
+                nxt = len(children)
+                children[node][b] = nxt
+                children.append({})
+            node = nxt
+        accept.add(node)
+    # Byte trie over the vocabulary: (children, ids ending here).
+    stop_set = {int(i) for i in stop_ids}
+    vroot: tuple[dict, list] = ({}, [])
+    for tid, tb in enumerate(vocab):
+        if not tb or tid in stop_set:
+            continue
+        node = vroot
+        for b in tb:
+            node = node[0].setdefault(b, ({}, []))
+        node[1].append(tid)
+    trans: dict[int, dict[int, int]] = {}
+    for s in range(len(children)):
+        out: dict[int, int] = {}
+        stack = [(vroot, s)]
+        while stack:
+            vnode, snode = stack.pop()
+            vkids, skids = vnode[0], children[snode]
+            small, other = (vkids, skids) if len(vkids) < len(skids) else (skids, vkids)
+            for b in small:
+                if b in other:
+                    vchild, schild = vkids[b], skids[b]
+                    for tid in vchild[1]:
+                        out[tid] = schild
+                    stack.append((vchild, schild))
+        if out:
+            trans[s] = out
+    return _finalize(trans, accept, 0, len(vocab), stop_set, f"from_strings({list(strings)[:4]!r}...)")
+
+
+def from_regex(pattern: str, vocab: Sequence[bytes], stop_ids: Iterable[int]) -> TokenAutomaton:
+    """Automaton for a regular expression (full match), compiled by PyPI ``outlines-core`` (``Index``).
+
+    Args:
+      pattern: regex in the ``regex-automata`` (Rust) dialect, e.g. ``r"<answer>(north|south)</answer>"``.
+      vocab: ``[V]`` bytes of each token id (``b""`` = special, never allowed).
+      stop_ids: token ids that end a reply; allowed at the regex's final states only.
+    """
+    from outlines_core import Index, Vocabulary  # imported lazily: only constrained runs need it
+
+    stop_ids = sorted({int(i) for i in stop_ids})
+    if not stop_ids:
+        raise ValueError(f"from_regex({pattern!r}): at least one stop token id is needed")
+    by_bytes: dict[bytes, list[int]] = {}
+    for tid, tb in enumerate(vocab):
+        if tb and tid not in stop_ids:
+            by_bytes.setdefault(bytes(tb), []).append(tid)
+    # outlines-core wants one EOS id outside the map; it adds EOS self-loops at final states, which we drop
+    # (our stop ids are added at accepting states by _finalize).
+    try:
+        index = Index(pattern, Vocabulary(stop_ids[0], by_bytes))
+    except Exception as e:  # outlines raises ValueError/RuntimeError variants; name the pattern either way
+        raise ValueError(f"from_regex: cannot compile {pattern!r} over this vocabulary: {e}") from e
+    trans = {
+        int(s): {int(t): int(n) for t, n in d.items() if int(t) not in stop_ids}
+        for s, d in index.get_transitions().items()
+    }
+    accept = {int(s) for s in index.get_final_states()}
+    return _finalize(
+        trans, accept, int(index.get_initial_state()), len(vocab), stop_ids, f"from_regex({pattern!r})"
+    )
+
+
+def accepts(automaton: TokenAutomaton, tokens: Sequence[int]) -> bool:
+    """Host-side check: does the token sequence (without the final stop id) end in an accepting state?"""
+    allowed, nxt = np.asarray(automaton.allowed), np.asarray(automaton.next_state)
+    s = 0
+    for t in tokens:
+        if not allowed[s, t]:
+            return False
+        s = int(nxt[s, t])
+    return bool(np.asarray(automaton.accept)[s])
