@@ -82,7 +82,11 @@ class Tokenizer:
 
     @classmethod
     def from_sentencepiece(
-        cls, model_path: str | os.PathLike, *, default_system: str | None = None, add_dummy_prefix: bool = False
+        cls,
+        model_path: str | os.PathLike,
+        *,
+        default_system: str | None = None,
+        add_dummy_prefix: bool = False,
     ) -> Tokenizer:
         """Load a SentencePiece ``.model`` (the ChatML tokens must be pieces of it; see ``train_sentencepiece``)."""
         return cls(SPBackend(model_path, add_dummy_prefix=add_dummy_prefix), default_system=default_system)
@@ -146,7 +150,9 @@ class Tokenizer:
         table = list(self._bytes)
         if pad_to is not None:
             if pad_to < len(table):
-                raise ValueError(f"pad_to={pad_to} is below the vocabulary size {len(table)} of {self.source}")
+                raise ValueError(
+                    f"pad_to={pad_to} is below the vocabulary size {len(table)} of {self.source}"
+                )
             table += [b""] * (pad_to - len(table))
         return table
 
@@ -165,7 +171,9 @@ class Tokenizer:
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         """The ChatML string of ``messages`` (equal to transformers' rendering of Qwen2.5's template)."""
-        parts = render_parts(messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system)
+        parts = render_parts(
+            messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system
+        )
         return render_text(parts)
 
     def apply_chat_template(
@@ -182,7 +190,9 @@ class Tokenizer:
           ``(ids, assistant_mask)``, equal lengths; the mask is 1 exactly on assistant content and its closing
           ``<|im_end|>``.
         """
-        parts = render_parts(messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system)
+        parts = render_parts(
+            messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system
+        )
         return self._encode_parts(parts)
 
     def encode_chat_continuation(

@@ -36,7 +36,7 @@ def gpt2_byte_decoder() -> dict[str, int]:
             printable.append(b)
             chars.append(256 + shift)
             shift += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def sp_piece_bytes(piece: str) -> bytes:
@@ -86,7 +86,9 @@ class HFBackend:
                 try:
                     table.append(bytes(dec[c] for c in tok))
                 except KeyError as e:
-                    raise ValueError(f"{self.path}: token {i} {tok!r} has a character outside the byte alphabet") from e
+                    raise ValueError(
+                        f"{self.path}: token {i} {tok!r} has a character outside the byte alphabet"
+                    ) from e
             else:
                 table.append(sp_piece_bytes(tok))
         return table

@@ -44,9 +44,13 @@ def _check(messages: Sequence[dict]) -> None:
             raise ValueError(f"messages[{i}]: role must be one of {ROLES}, got {got!r}")
         content = m.get("content", "")
         if content is not None and not isinstance(content, str):
-            raise ValueError(f"messages[{i}] ({m['role']}): content must be a str, got {type(content).__name__}")
+            raise ValueError(
+                f"messages[{i}] ({m['role']}): content must be a str, got {type(content).__name__}"
+            )
         if m.get("tool_calls") and m["role"] != "assistant":
-            raise ValueError(f"messages[{i}]: only assistant messages may have tool_calls (role {m['role']!r})")
+            raise ValueError(
+                f"messages[{i}]: only assistant messages may have tool_calls (role {m['role']!r})"
+            )
 
 
 def _tool_calls_text(calls: Sequence[dict]) -> str:
@@ -55,7 +59,9 @@ def _tool_calls_text(calls: Sequence[dict]) -> str:
         fn = call.get("function", call)
         # json.dumps(ensure_ascii=False) is what transformers' ``tojson`` filter does.
         args = json.dumps(fn.get("arguments", {}), ensure_ascii=False)
-        out.append('\n<tool_call>\n{"name": "' + str(fn["name"]) + '", "arguments": ' + args + "}\n</tool_call>")
+        out.append(
+            '\n<tool_call>\n{"name": "' + str(fn["name"]) + '", "arguments": ' + args + "}\n</tool_call>"
+        )
     return "".join(out)
 
 
@@ -106,7 +112,8 @@ def render_parts(
             special(S), text("assistant\n")
             body = content + _tool_calls_text(m["tool_calls"]) if m.get("tool_calls") else content
             if m.get("tool_calls") and not content:
-                body = body[1:]  # Qwen: "assistant" + "\n<tool_call>..." -- the header already holds that "\n"
+                # Qwen renders "assistant" + "\n<tool_call>...": our header already holds that "\n".
+                body = body[1:]
             text(body, assistant=True)
             special(E, assistant=True), text("\n")
         else:
