@@ -1,0 +1,311 @@
+"""Actor (subgroup PPO-clip, SPEC §2) and extractor (CISPO, SPEC §3) losses.
+
+Batch layout (a dict of arrays; B rows = trajectories / extractor samples, T = padded sequence length):
+
+==================  ============  ==========================================================================
+key                 shape, dtype  meaning
+==================  ============  ==========================================================================
+``tokens``          [B, T] int32  the whole multi-turn conversation, left-aligned, padded on the right
+``positions``       [B, T] int32  RoPE positions (0, 1, ... over the valid tokens)
+``attn_mask``       [B, T] bool   True on real tokens (False = padding)
+``loss_mask``       [B, T] f32    1 on tokens the policy generated (assistant tokens of *every* turn, incl.
+                                  their closing ``<|im_end|>``); 0 on prompt / observation / experience
+``old_logprobs``    [B, T] f32    log π_old(token t | tokens < t), aligned to the token; 0 where
+                                  ``loss_mask`` is 0 (see :func:`comprl_jax.rl.update.make_logprob_fn`)
+``advantages``      [B] f32       one scalar per trajectory (actor: :func:`~.advantages.subgroup_advantages`;
+                                  extractor: :func:`~.advantages.extractor_advantages`)
+``subgroup``        [B] int32     actor only: 0 = experience-free, 1 = experience-guided
+``sample_weight``   [B] f32       extractor only: Eq. 7 count-aware weights (from the experience buffer)
+``sft_row``         [B] f32       actor, only with ``sft_coef > 0``: 1 = a self-distillation SFT row (an
+                                  experience-stripped guided trajectory), excluded from the PPO term
+==================  ============  ==========================================================================
+
+Token 0 of a row has no prediction (nothing precedes it): its logprob is defined as 0 and it must not be in
+``loss_mask``.
+
+Exact micro-batching: every aggregation (token mean, sequence mean, per-subgroup mean) is a *weighted sum*
+``Σ_bt w_bt ℓ_bt`` whose weights depend only on the masks of the **full** batch. :func:`aggregation_weights`
+computes them once, before the batch is split; each micro-batch then contributes a plain sum, so summing
+micro-batch losses (and gradients) reproduces the full-batch value exactly. Metrics are returned as
+``name -> (numerator, denominator)`` pairs for the same reason; :func:`finalize_metrics` divides once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from comprl_jax.rl.advantages import NUM_SUBGROUPS
+
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
+RATIOS = ("token", "sequence")
+SUBGROUP_NAMES = ("free", "guided")
+TOKEN_WEIGHT = "token_weight"  # batch keys the update step adds: [B, T] full-batch aggregation weights
+SFT_WEIGHT = "sft_weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorLossConfig:
+    """Actor loss (SPEC §2). Defaults follow the spec.
+
+    Attributes:
+      clip_eps: PPO clip ε.
+      ratio: ``"token"`` (per-token ρ) | ``"sequence"`` (length-normalised ``exp(mean_t log ρ_t)``).
+      loss_agg: ``"token_mean"`` | ``"seq_mean_token_mean"``, applied *inside* each subgroup.
+      subgroup_mean: J = ½ Σ_c J_c, each subgroup aggregated on its own (paper Eq. 4). False = one aggregate
+        over the whole batch (the released code). With a single subgroup (GRPO baseline) both agree.
+      sft_coef: weight of the self-distillation SFT term (SPEC §7); 0 = off.
+      compute_entropy: report the policy entropy (costs one extra pass over the logits, no gradient).
+    """
+
+    clip_eps: float = 0.2
+    ratio: str = "token"
+    loss_agg: str = "token_mean"
+    subgroup_mean: bool = True
+    sft_coef: float = 0.0
+    compute_entropy: bool = True
+
+    def __post_init__(self):
+        if self.ratio not in RATIOS:
+            raise ValueError(f"actor.ratio must be one of {RATIOS}, got {self.ratio!r}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"actor.loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ValueError(f"actor.clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.sft_coef < 0:
+            raise ValueError(f"actor.sft_coef must be >= 0, got {self.sft_coef}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractorLossConfig:
+    """Extractor CISPO loss (SPEC §3).
+
+    Attributes:
+      clip_eps: ε of the stop-gradient IS-weight clip ``clip(ρ, 1-ε, 1+ε)``.
+      loss_agg: ``"token_mean"`` (default: ``/ Σ_i |m_i|``) | ``"seq_mean_token_mean"``.
+      compute_entropy: as for the actor.
+    """
+
+    clip_eps: float = 0.1
+    loss_agg: str = "token_mean"
+    compute_entropy: bool = True
+
+    def __post_init__(self):
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"extractor.loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ValueError(f"extractor.clip_eps must be in (0, 1), got {self.clip_eps}")
+
+
+def token_logprobs(logits, tokens, compute_entropy: bool = False):
+    """Log-probability of each token given its prefix, in float32, gathering only the target.
+
+    Args:
+      logits: ``[B, T, V]``; position t predicts token t + 1.
+      tokens: ``[B, T]`` int.
+    Returns:
+      ``(logprobs [B, T], entropy [B, T] or None)``, aligned to the token (column 0 = 0).
+    """
+    logits = logits[:, :-1].astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target = jnp.take_along_axis(logits, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
+    logp = jnp.concatenate([pad, target - lse], axis=1)
+    if not compute_entropy:
+        return logp, None
+    # H = lse - Σ p·logits; a metric only, so no gradient flows through it.
+    lg = jax.lax.stop_gradient(logits)
+    probs = jnp.exp(lg - jax.lax.stop_gradient(lse)[..., None])
+    ent = jax.lax.stop_gradient(lse) - jnp.sum(probs * lg, axis=-1)
+    return logp, jnp.concatenate([pad, ent], axis=1)
+
+
+def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", subgroup_mean: bool = False):
+    """Per-token weights ``w [B, T]`` such that the aggregated loss is ``Σ_bt w_bt ℓ_bt`` (full batch).
+
+    * ``token_mean``: ``w = m / Σ m`` (within the cell).
+    * ``seq_mean_token_mean``: ``w = m / (|τ_b| · #rows)`` (rows with at least one token).
+    * ``subgroup_mean``: cells = subgroups; the cell aggregates are averaged over the *non-empty* cells,
+      i.e. J = ½ Σ_c J_c with both subgroups present, J = J_0 for the all-free baseline.
+
+    Args:
+      loss_mask: ``[B, T]`` {0, 1}.
+      subgroup: ``[B]`` int (needed when ``subgroup_mean``).
+    Returns:
+      ``[B, T]`` float32, summing to 1 (or 0 for an empty mask).
+    """
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    m = jnp.asarray(loss_mask, jnp.float32)
+    lengths = m.sum(-1)  # [B]
+    if subgroup_mean:
+        if subgroup is None:
+            raise ValueError("subgroup_mean=True needs the batch key 'subgroup'")
+        cells = jnp.asarray(subgroup, jnp.int32)
+        num_cells = NUM_SUBGROUPS
+    else:
+        cells = jnp.zeros(m.shape[:1], jnp.int32)
+        num_cells = 1
+    row_w = jnp.zeros_like(lengths)
+    present = jnp.zeros((), jnp.float32)
+    for c in range(num_cells):
+        in_c = (cells == c) & (lengths > 0)
+        if loss_agg == "token_mean":
+            den = jnp.sum(jnp.where(in_c, lengths, 0.0))
+            w_c = 1.0 / jnp.maximum(den, 1.0)
+        else:
+            den = jnp.sum(in_c.astype(jnp.float32))
+            w_c = 1.0 / (jnp.maximum(den, 1.0) * jnp.maximum(lengths, 1.0))
+        row_w = row_w + jnp.where(in_c, w_c, 0.0)
+        present = present + (den > 0)
+    return m * (row_w / jnp.maximum(present, 1.0))[:, None]
+
+
+def _masked_pair(x, m):
+    return jnp.sum(x * m), jnp.sum(m)
+
+
+def _log_ratio(logp, old_logp, m, mode: str):
+    """log ρ per token: per-token, or the row's length-normalised sequence log-ratio broadcast to its tokens."""
+    lr = (logp - old_logp) * m
+    if mode == "token":
+        return lr
+    seq = lr.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    return seq[:, None] * m
+
+
+def ppo_clip_token_loss(ratio, adv, clip_eps: float):
+    """Per-token PPO-clip loss ``-min(ρ A, clip(ρ, 1-ε, 1+ε) A)`` and whether the clipped branch is active.
+
+    Args:
+      ratio: ``[B, T]``; adv: broadcastable (``[B, 1]``).
+    Returns:
+      ``(loss [B, T], clipped [B, T] float)``; "clipped" = the clip removes the gradient.
+    """
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    return -jnp.minimum(unclipped, clipped), (clipped < unclipped).astype(jnp.float32)
+
+
+def actor_loss(logp, entropy, batch, cfg: ActorLossConfig):
+    """Subgroup PPO-clip loss (to minimise) and metrics for one (micro-)batch.
+
+    Args:
+      logp: ``[B, T]`` current-policy token logprobs (:func:`token_logprobs`).
+      entropy: ``[B, T]`` or None.
+      batch: the layout above, plus ``token_weight`` ``[B, T]`` from :func:`aggregation_weights` over the
+        full batch (the update step adds it; standalone callers may omit it for a single full batch).
+    Returns:
+      ``(loss scalar, metrics: dict[str, (num, den)])``.
+    """
+    m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    sg = jnp.asarray(batch["subgroup"], jnp.int32)
+    sft = jnp.asarray(batch["sft_row"], jnp.float32) if cfg.sft_coef > 0 else jnp.zeros(m.shape[:1])
+    m_pg = m * (1.0 - sft)[:, None]
+    if TOKEN_WEIGHT not in batch:
+        batch = {**batch, **actor_token_weights(batch, cfg)}
+    w = batch[TOKEN_WEIGHT]
+    adv = jnp.asarray(batch["advantages"], jnp.float32)[:, None]
+    log_ratio = _log_ratio(logp, batch["old_logprobs"], m_pg, cfg.ratio)
+    ratio = jnp.exp(log_ratio)
+    tok_loss, clipped = ppo_clip_token_loss(ratio, adv, cfg.clip_eps)
+    pg_loss = jnp.sum(w * tok_loss)
+    metrics = {"pg_loss": (pg_loss, jnp.sum(w))}
+    loss = pg_loss
+    if cfg.sft_coef > 0:
+        m_sft = m * sft[:, None]
+        sft_loss = -jnp.sum(batch[SFT_WEIGHT] * logp)
+        loss = loss + cfg.sft_coef * sft_loss
+        metrics["sft_nll"] = _masked_pair(-logp, m_sft)
+    metrics.update(_policy_metrics(log_ratio, clipped, entropy, m_pg))
+    for c, name in enumerate(SUBGROUP_NAMES):
+        in_c = ((sg == c) & (sft == 0)).astype(jnp.float32)
+        metrics[f"clipfrac_{name}"] = _masked_pair(clipped, m_pg * in_c[:, None])
+        metrics[f"adv_mean_{name}"] = _masked_pair(adv[:, 0], in_c)
+        metrics[f"adv_sq_{name}"] = _masked_pair(adv[:, 0] ** 2, in_c)
+        metrics[f"tokens_{name}"] = _masked_pair(m_pg.sum(-1), in_c)
+    return loss, metrics
+
+
+def actor_token_weights(batch, cfg: ActorLossConfig):
+    """Full-batch weights for the actor: ``{token_weight: [B, T]}`` for the PPO term (SFT rows excluded) and,
+    with ``sft_coef > 0``, ``{sft_weight: [B, T]}`` (token mean over the SFT rows)."""
+    m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    if cfg.sft_coef <= 0:
+        return {TOKEN_WEIGHT: aggregation_weights(m, batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean)}
+    sft = jnp.asarray(batch["sft_row"], jnp.float32)[:, None]
+    m_sft = m * sft
+    return {
+        TOKEN_WEIGHT: aggregation_weights(m * (1.0 - sft), batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean),
+        SFT_WEIGHT: m_sft / jnp.maximum(m_sft.sum(), 1.0),
+    }
+
+
+def extractor_token_weights(batch, cfg: ExtractorLossConfig):
+    """Full-batch weights for the extractor (one cell: all samples): ``{token_weight: [B, T]}``."""
+    return {TOKEN_WEIGHT: aggregation_weights(batch["loss_mask"], None, cfg.loss_agg, False)}
+
+
+def cispo_token_loss(logp, old_logp, adv, clip_eps: float):
+    """Per-token CISPO loss ``-sg(clip(ρ, 1-ε, 1+ε)) · A · log π`` and whether ρ was clipped.
+
+    Unlike PPO-clip the gradient never vanishes: clipping only bounds the (stop-gradient) IS weight, so
+    ``∂ℓ/∂log π = -clip(ρ) · A`` for every token.
+    """
+    ratio = jnp.exp(logp - old_logp)
+    is_w = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps))
+    was_clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)
+    return -is_w * adv * logp, was_clipped, is_w
+
+
+def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
+    """CISPO loss with Eq. 7-weighted batch-mean advantages; same contract as :func:`actor_loss`."""
+    m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    if TOKEN_WEIGHT not in batch:
+        batch = {**batch, **extractor_token_weights(batch, cfg)}
+    w = batch[TOKEN_WEIGHT]
+    raw_adv = jnp.asarray(batch["advantages"], jnp.float32)
+    sw = jnp.asarray(batch["sample_weight"], jnp.float32)
+    adv = (raw_adv * sw)[:, None]
+    tok_loss, was_clipped, is_w = cispo_token_loss(logp, batch["old_logprobs"], adv, cfg.clip_eps)
+    loss = jnp.sum(w * tok_loss)
+    rows = jnp.ones_like(sw)
+    metrics = {
+        "cispo_loss": (loss, jnp.sum(w)),
+        "is_weight": _masked_pair(is_w, m),
+        "adv_mean": _masked_pair(raw_adv, rows),
+        "adv_sq": _masked_pair(raw_adv**2, rows),
+        "weighted_frac": _masked_pair((sw > 0).astype(jnp.float32), rows),
+        "sample_weight": _masked_pair(sw, rows),
+    }
+    metrics.update(_policy_metrics((logp - batch["old_logprobs"]) * m, was_clipped, entropy, m))
+    return loss, metrics
+
+
+def _policy_metrics(log_ratio, clipped, entropy, m):
+    # k3 estimator of KL(π_old || π): (ρ - 1) - log ρ >= 0, unbiased under samples from π_old.
+    k3 = jnp.exp(log_ratio) - 1.0 - log_ratio
+    out = {
+        "clipfrac": _masked_pair(clipped, m),
+        "approx_kl": _masked_pair(k3, m),
+        "ratio": _masked_pair(jnp.exp(log_ratio), m),
+    }
+    if entropy is not None:
+        out["entropy"] = _masked_pair(entropy, m)
+    return out
+
+
+def finalize_metrics(pairs):
+    """``{name: (num, den)}`` -> ``{name: num / den}`` (NaN where den = 0, e.g. an absent subgroup), plus
+    ``adv_std*`` from the ``adv_sq*`` / ``adv_mean*`` pairs (population std over rows)."""
+    out = {k: jnp.where(d > 0, n / jnp.where(d > 0, d, 1.0), jnp.nan) for k, (n, d) in pairs.items()}
+    for k in list(out):
+        if k.startswith("adv_sq"):
+            mean = out[k.replace("adv_sq", "adv_mean")]
+            out[k.replace("adv_sq", "adv_std")] = jnp.sqrt(jnp.maximum(out.pop(k) - mean**2, 0.0))
+    return out
+
+
+LOSSES = {"actor": (actor_loss, actor_token_weights), "extractor": (extractor_loss, extractor_token_weights)}

@@ -1,0 +1,177 @@
+"""Jitted RL update steps: one rollout batch = one optimizer step, with exact micro-batch accumulation.
+
+``logits_fn(params, tokens [B,T], positions [B,T], attn_mask [B,T]) -> logits [B,T,V]`` is the model (for the
+decoder: ``functools.partial(models.decoder.forward, graphdef)``); everything here is generic over it.
+
+Micro-batching: the full-batch aggregation weights are computed first (:mod:`comprl_jax.rl.losses`), then the
+batch ``[B, ...]`` is viewed as ``[M, B/M, ...]`` *strided* (micro-batch m = rows m, m+M, ...). Strided rather
+than contiguous so that, with the batch sharded over the ``(data, fsdp)`` axes, every device holds its share of
+every micro-batch and the split is a local reshape (needs ``B / num_batch_devices`` divisible by M). A
+``lax.scan`` sums float32 gradients and metric (numerator, denominator) pairs; nothing is divided until the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from comprl_jax import sharding as shd
+from comprl_jax.rl.losses import LOSSES, finalize_metrics, token_logprobs
+from comprl_jax.rl.train_state import TrainState
+
+LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+MODEL_KEYS = ("tokens", "positions", "attn_mask", "loss_mask")
+
+
+def split_micro_batches(x: jax.Array, num_micro_batches: int) -> jax.Array:
+    """``[B, ...] -> [M, B/M, ...]``, micro-batch m holding rows ``m, m + M, m + 2M, ...``."""
+    b = x.shape[0]
+    if b % num_micro_batches:
+        raise ValueError(f"batch size {b} is not divisible by num_micro_batches={num_micro_batches}")
+    return x.reshape((b // num_micro_batches, num_micro_batches) + x.shape[1:]).swapaxes(0, 1)
+
+
+def merge_micro_batches(x: jax.Array) -> jax.Array:
+    """Inverse of :func:`split_micro_batches`: ``[M, B/M, ...] -> [B, ...]``."""
+    return x.swapaxes(0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _constrain_micro(tree, mesh, rules):
+    if mesh is None:
+        return tree
+    return jax.tree.map(lambda x: shd.constrain(x, mesh, (None, "batch"), rules), tree)
+
+
+def compute_logprobs(logits_fn: LogitsFn, params, batch, num_micro_batches: int = 1, mesh=None,
+                     rules=shd.DEFAULT_RULES):
+    """Token logprobs ``[B, T]`` of ``batch["tokens"]`` under ``params``, zeroed outside ``loss_mask``.
+
+    Used for ``old_logprobs`` (a forward pass with the pre-update parameters). Micro-batched with ``lax.map`` so
+    only ``[B/M, T, V]`` logits are live at once.
+    """
+    model_in = {k: batch[k] for k in MODEL_KEYS}
+    micro = _constrain_micro(jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), model_in), mesh, rules)
+
+    def one(mb):
+        logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
+        logp, _ = token_logprobs(logits, mb["tokens"])
+        return logp * mb["loss_mask"].astype(jnp.float32)
+
+    return merge_micro_batches(jax.lax.map(one, micro))
+
+
+def loss_and_metrics(logits_fn: LogitsFn, kind: str, cfg, params, batch):
+    """Forward + loss for one micro-batch (its ``token_weight`` already set from the full batch)."""
+    loss_fn, _ = LOSSES[kind]
+    logits = logits_fn(params, batch["tokens"], batch["positions"], batch["attn_mask"])
+    logp, ent = token_logprobs(logits, batch["tokens"], cfg.compute_entropy)
+    return loss_fn(logp, ent, batch, cfg)
+
+
+def accumulate_gradients(logits_fn: LogitsFn, kind: str, cfg, params, batch, num_micro_batches: int = 1,
+                         mesh: Mesh | None = None, rules=shd.DEFAULT_RULES, grad_shardings=None):
+    """Exact full-batch gradient and metric pairs, accumulated over ``num_micro_batches`` with ``lax.scan``.
+
+    Args:
+      kind: ``"actor"`` | ``"extractor"``.
+      cfg: the matching ``ActorLossConfig`` / ``ExtractorLossConfig``.
+      batch: the layout of :mod:`comprl_jax.rl.losses`, ``[B, ...]``.
+      grad_shardings: optional shardings to pin the float32 accumulator to (the params' layout).
+    Returns:
+      ``(grads: float32 tree like params, metrics: {name: (num, den)})`` summed over micro-batches.
+    """
+    if kind not in LOSSES:
+        raise ValueError(f"loss kind must be one of {sorted(LOSSES)}, got {kind!r}")
+    _, weights_fn = LOSSES[kind]
+    batch = {**batch, **weights_fn(batch, cfg)}
+    micro = _constrain_micro(jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), batch), mesh, rules)
+    grad_fn = jax.grad(lambda p, mb: loss_and_metrics(logits_fn, kind, cfg, p, mb), has_aux=True)
+
+    def pin(g):
+        return g if grad_shardings is None else jax.lax.with_sharding_constraint(g, grad_shardings)
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    metric_shapes = jax.eval_shape(grad_fn, params, first)[1]
+    zeros = (
+        pin(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes),
+    )
+
+    def body(carry, mb):
+        g, m = grad_fn(params, mb)
+        g_acc = pin(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry[0], g))
+        m_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry[1], m)
+        return (g_acc, m_acc), None
+
+    (grads, pairs), _ = jax.lax.scan(body, zeros, micro)
+    return grads, pairs
+
+
+def make_update_fn(logits_fn: LogitsFn, kind: str, loss_cfg, tx: optax.GradientTransformation, *,
+                   num_micro_batches: int = 1, mesh: Mesh | None = None, state_shardings: Any = None,
+                   rules=shd.DEFAULT_RULES, max_traces: int | None = None):
+    """The jitted update ``(state, batch) -> (state, metrics)``; ``state`` is donated.
+
+    Args:
+      logits_fn: the model (see module docstring).
+      kind: ``"actor"`` | ``"extractor"``; loss_cfg: its config.
+      tx: from :func:`comprl_jax.rl.train_state.make_optimizer`.
+      num_micro_batches: M; the batch size must be divisible by M (and by M times the batch-sharding devices).
+      mesh, state_shardings: with a mesh, the state's shardings
+        (:func:`~comprl_jax.rl.train_state.train_state_shardings`); the batch is sharded over ``("batch",)``.
+      max_traces: wrap in ``chex.assert_max_traces`` (1 = fail loudly on any recompile).
+    Returns:
+      A ``jax.jit`` function. ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
+      ``approx_kl``, ``entropy``, ``ratio``, per-subgroup clip fractions and advantage mean / std (actor),
+      ``grad_norm`` (before clipping) and ``step``.
+    """
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
+    if mesh is not None and state_shardings is None:
+        raise ValueError("make_update_fn(mesh=...) needs state_shardings (train_state_shardings(state, mesh))")
+    grad_shardings = None if state_shardings is None else state_shardings.params
+
+    def update(state: TrainState, batch):
+        grads, pairs = accumulate_gradients(
+            logits_fn, kind, loss_cfg, state.params, batch, num_micro_batches, mesh, rules, grad_shardings
+        )
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = finalize_metrics(pairs)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["step"] = (state.step + 1).astype(jnp.float32)
+        return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+    if max_traces is not None:
+        update = chex.assert_max_traces(update, n=max_traces)
+    if mesh is None:
+        return jax.jit(update, donate_argnums=0)
+    batch_sharding = shd.named_sharding(mesh, ("batch",), rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(
+        update,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+
+
+def make_logprob_fn(logits_fn: LogitsFn, *, num_micro_batches: int = 1, mesh: Mesh | None = None,
+                    param_shardings: Any = None, rules=shd.DEFAULT_RULES):
+    """Jitted :func:`compute_logprobs`: ``(params, batch) -> old_logprobs [B, T]`` (batch-sharded with a mesh)."""
+
+    def fn(params, batch):
+        return compute_logprobs(logits_fn, params, batch, num_micro_batches, mesh, rules)
+
+    if mesh is None:
+        return jax.jit(fn)
+    if param_shardings is None:
+        raise ValueError("make_logprob_fn(mesh=...) needs param_shardings (train_state_shardings(...).params)")
+    batch_sharding = shd.named_sharding(mesh, ("batch",), rules)
+    return jax.jit(fn, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
