@@ -1,0 +1,252 @@
+"""Hugging Face checkpoint I/O: ``config.json`` + ``*.safetensors`` <-> sharded decoder parameters.
+
+Loading never materialises a full unsharded copy on one device: the abstract sharded state is built first
+(``jax.eval_shape``), then every parameter is assembled with ``jax.make_array_from_callback``, whose callback
+reads only the requested slice from the memory-mapped safetensors file (``safe_open(...).get_slice``). Our
+weights are ``[in, out]`` and stacked over layers; HF stores one ``[out, in]`` tensor per layer, so a device's
+slice is read layer by layer and transposed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from comprl_jax import sharding
+from comprl_jax.models.config import ModelConfig
+from comprl_jax.models.decoder import abstract_decoder
+
+INDEX_FILE = "model.safetensors.index.json"
+# Our stacked per-layer parameter -> (HF tensor name inside ``layers.{i}.``, stored transposed?).
+LAYER_NAMES: dict[str, tuple[str, bool]] = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "q_proj": ("self_attn.q_proj.weight", True),
+    "k_proj": ("self_attn.k_proj.weight", True),
+    "v_proj": ("self_attn.v_proj.weight", True),
+    "o_proj": ("self_attn.o_proj.weight", True),
+    "q_bias": ("self_attn.q_proj.bias", False),
+    "k_bias": ("self_attn.k_proj.bias", False),
+    "v_bias": ("self_attn.v_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "gate_proj": ("mlp.gate_proj.weight", True),
+    "up_proj": ("mlp.up_proj.weight", True),
+    "down_proj": ("mlp.down_proj.weight", True),
+}
+# Top-level parameter -> (HF name without the "model." prefix, transposed?). lm_head never has the prefix.
+TOP_NAMES: dict[str, tuple[str, bool]] = {
+    "embed": ("embed_tokens.weight", False),
+    "final_norm": ("norm.weight", False),
+    "lm_head": ("lm_head.weight", True),
+}
+# Checkpoint tensors that carry no parameters of ours (old RoPE buffers).
+_SKIP_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _path_str(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def _weight_map(folder: str) -> dict[str, str]:
+    """HF tensor name -> absolute file path; every referenced file must exist."""
+    index = os.path.join(folder, INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            wmap = json.load(f)["weight_map"]
+        files = {n: os.path.join(folder, fn) for n, fn in wmap.items()}
+        for fn in sorted(set(files.values())):
+            if not os.path.exists(fn):
+                raise FileNotFoundError(f"safetensors shard {fn} listed in {index} is missing")
+        return files
+    shards = sorted(fn for fn in os.listdir(folder) if fn.endswith(".safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no *.safetensors file (and no {INDEX_FILE}) in {folder}")
+    files = {}
+    for fn in shards:
+        with safe_open(os.path.join(folder, fn), framework="numpy") as f:
+            files.update(dict.fromkeys(f.keys(), os.path.join(folder, fn)))
+    return files
+
+
+def _hf_names(cfg: ModelConfig, path: tuple[str, ...], prefix: str) -> tuple[list[str], bool]:
+    """HF tensor names for one of our parameters (one per layer for stacked ones) and whether transposed."""
+    if path[0] == "layers":
+        name, tr = LAYER_NAMES[path[1]]
+        return [f"{prefix}layers.{i}.{name}" for i in range(cfg.num_layers)], tr
+    name, tr = TOP_NAMES[path[0]]
+    return [name if path[0] == "lm_head" else prefix + name], tr
+
+
+def _norm_index(idx: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(*s.indices(n)) for s, n in zip(idx, shape, strict=True))
+
+
+def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
+    """Loads a HF model folder straight into (sharded) decoder parameters.
+
+    Args:
+      folder: holds ``config.json`` and one ``*.safetensors`` file or several with ``model.safetensors.index.json``.
+      mesh: parameters are laid out by ``rules`` on it; ``None`` = one device.
+      **overrides: ModelConfig fields, e.g. ``param_dtype="bfloat16"``, ``dtype="bfloat16"``.
+    Returns:
+      ``(cfg, graphdef, params)``.
+    Raises:
+      FileNotFoundError: naming a missing config or shard file. ValueError/KeyError: naming a bad key or tensor.
+    """
+    cfg_path = os.path.join(folder, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"{cfg_path} is missing")
+    with open(cfg_path) as f:
+        cfg = ModelConfig.from_hf_config(json.load(f), **overrides)
+    files = _weight_map(folder)
+    prefix = "model." if "model.embed_tokens.weight" in files else ""
+    graphdef, abstract = abstract_decoder(cfg)
+    if mesh is not None:
+        shardings = sharding.state_shardings(abstract, mesh, rules)
+    else:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(
+            lambda v: v.replace(one), abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
+    used: set[str] = set()
+
+    with contextlib.ExitStack() as stack:
+        handles: dict[str, object] = {}
+
+        def tensor(name: str):
+            if name not in files:
+                raise KeyError(f"tensor {name!r} is missing from the checkpoint in {folder}")
+            fn = files[name]
+            if fn not in handles:
+                handles[fn] = stack.enter_context(safe_open(fn, framework="numpy"))
+            return handles[fn].get_slice(name)
+
+        def load_one(path, var, shard):
+            path = _path_str(path)
+            names, tr = _hf_names(cfg, path, prefix)
+            used.update(names)
+            shape, dtype = var.shape, var.dtype
+            per = shape[1:] if path[0] == "layers" else shape
+            want = tuple(reversed(per)) if tr else tuple(per)
+            for n in names:
+                got = tuple(tensor(n).get_shape())
+                if got != want:
+                    raise ValueError(f"tensor {n!r} has shape {got}, config.json implies {want}")
+
+            def read(idx):
+                idx = _norm_index(idx, shape)
+                layer_ids, inner = (
+                    (range(*idx[0].indices(shape[0])), idx[1:]) if path[0] == "layers" else ([0], idx)
+                )
+                hf_idx = tuple(reversed(inner)) if tr else inner
+                parts = []
+                for i in layer_ids:
+                    x = tensor(names[i])[hf_idx]
+                    parts.append(x.T if tr else x)
+                out = np.stack(parts) if path[0] == "layers" else parts[0]
+                return np.ascontiguousarray(out.astype(dtype))
+
+            return var.replace(jax.make_array_from_callback(shape, shard.get_value(), read))
+
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, v, s: load_one(p, v, s),
+            abstract,
+            shardings,
+            is_leaf=lambda x: isinstance(x, nnx.Variable),
+        )
+    extra = sorted(
+        n
+        for n in set(files) - used
+        if not n.endswith(_SKIP_SUFFIXES) and not (n == "lm_head.weight" and cfg.tie_word_embeddings)
+    )
+    if extra:
+        raise ValueError(
+            f"checkpoint tensors {extra[:5]} (of {len(extra)}) in {folder} are not used by this decoder"
+        )
+    return cfg, graphdef, params
+
+
+def _host(x) -> np.ndarray:
+    if not x.is_fully_addressable:  # multi-process: gather the global value (every process gets it)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def _hf_tensors(cfg: ModelConfig, params, dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, numpy tensor) pairs in a stable order, one parameter in host memory at a time."""
+    flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+    for path, var in flat:
+        path = _path_str(path)
+        names, tr = _hf_names(cfg, path, "model.")
+        x = _host(var.get_value() if isinstance(var, nnx.Variable) else var)
+        x = x.astype(dtype) if dtype is not None else x
+        if path[0] == "layers":
+            for i, n in enumerate(names):
+                yield n, np.ascontiguousarray(x[i].T if tr else x[i])
+        else:
+            yield names[0], np.ascontiguousarray(x.T if tr else x)
+
+
+def save_hf(folder: str, cfg: ModelConfig, params, dtype=None, max_shard_bytes: int = 4 << 30) -> list[str]:
+    """Writes ``config.json`` + safetensors that ``transformers`` ``from_pretrained`` loads; past
+    ``max_shard_bytes`` the weights are split into ``model-0000i-of-0000n.safetensors`` with an index json.
+
+    Only one shard's tensors are held in host memory at a time (a 7B model does not fit twice).
+
+    Args:
+      params: the decoder's ``nnx.State`` (sharded or not). dtype: storage dtype (default: as stored).
+    Returns:
+      the safetensors file names written (process 0; others gather and return ``[]``).
+    """
+    os.makedirs(folder, exist_ok=True)
+    write = jax.process_index() == 0
+    np_dtype = None if dtype is None else np.dtype(jax.numpy.dtype(dtype))
+    tmp_names: list[str] = []
+    wmap: dict[str, int] = {}
+    shard: dict[str, np.ndarray] = {}
+    size = total = 0
+
+    def flush():
+        tmp = os.path.join(folder, f".shard-{len(tmp_names):05d}.safetensors.tmp")
+        if write:
+            save_file(shard, tmp, metadata={"format": "pt"})
+        tmp_names.append(tmp)
+
+    for name, x in _hf_tensors(cfg, params, np_dtype):
+        if shard and size + x.nbytes > max_shard_bytes:
+            flush()
+            shard, size = {}, 0
+        shard[name] = x
+        wmap[name] = len(tmp_names)
+        size += x.nbytes
+        total += x.nbytes
+    flush()
+    if not write:
+        return []
+    n = len(tmp_names)
+    names = (
+        ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
+    for tmp, fn in zip(tmp_names, names, strict=True):
+        os.replace(tmp, os.path.join(folder, fn))
+    if n > 1:
+        with open(os.path.join(folder, INDEX_FILE), "w") as f:
+            json.dump(
+                {"metadata": {"total_size": total}, "weight_map": {t: names[i] for t, i in wmap.items()}}, f
+            )
+    hf = cfg.to_hf_config()
+    hf["torch_dtype"] = str(np_dtype) if np_dtype is not None else cfg.param_dtype
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    return names
