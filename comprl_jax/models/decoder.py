@@ -192,8 +192,9 @@ def init_decoder(cfg: ModelConfig, seed: int = 0, mesh=None, rules=sharding.DEFA
     factory = lambda: Decoder(cfg, rngs=nnx.Rngs(params=seed))  # noqa: E731
     if mesh is not None:
         return sharding.create_sharded(factory, mesh, rules)
-    graphdef, params = nnx.split(factory())
-    return graphdef, params
+    # Jitted like the sharded path, so the same seed gives bit-identical values with and without a mesh.
+    graphdef, _ = sharding.abstract_module(factory)
+    return graphdef, jax.jit(lambda: nnx.split(factory())[1])()
 
 
 def abstract_decoder(cfg: ModelConfig):
