@@ -1,0 +1,325 @@
+"""The experience bank M (SPEC §4): entries, task partitions, FIFO cap, optional dedup, usage stats, ordered op log.
+
+Every mutation goes through four primitives (:meth:`ExperienceBank.add`, ``remove``, ``touch``, ``mark_trained``),
+and each appends one JSON-able record to ``op_log``. Replaying the log on an empty bank with the same deterministic
+``embed_fn`` (:meth:`ExperienceBank.replay`) rebuilds the same bank, which is what multi-process runs need (SPEC §6):
+process 0 owns the bank and broadcasts the records, or every process applies the same records in the same order.
+
+The bank itself is not thread-safe; :class:`RWLock` and the :class:`~comprl_jax.experience.manager.ExperienceManager`
+put readers (search) under a shared lock and every mutation under the exclusive lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from comprl_jax.experience.index import IndexConfig, PartitionIndex
+from comprl_jax.experience.ops import Op
+
+
+@dataclasses.dataclass
+class Entry:
+    """One lesson. ``text`` is ``<title>…</title><content>…</content>``; the key embedding lives in the index."""
+
+    uid: int
+    task_id: str
+    text: str
+    key_text: str  # what was embedded (entry text, or the episode query when bank.key == "query")
+    created_step: int
+    retrievals: int = 0
+    last_retrieved: float | None = None  # clock time of the last retrieval
+    train_count: int = 0
+    last_trained: int | None = None  # extractor step of the last update that used this entry's sample
+    prompt: str = ""  # extractor prompt/response that produced the entry = its training sample
+    response: str = ""
+    kind: str = "distill"  # distill | merge | refine | seed
+
+
+@dataclasses.dataclass(frozen=True)
+class BankConfig:
+    capacity: int = 20_000  # FIFO, whole bank
+    dedup_threshold: float | None = None  # cosine >= threshold with a live entry of the partition -> rejected
+    max_entry_chars: int = 2_000
+    key: str = "content"  # "content" (paper) | "query" (released code)
+    index: IndexConfig = IndexConfig()
+
+    def __post_init__(self):
+        if self.capacity <= 0:
+            raise ValueError(f"bank.capacity must be positive, got {self.capacity}")
+        if self.key not in ("content", "query"):
+            raise ValueError(f"bank.key must be 'content' or 'query', got {self.key!r}")
+        if self.dedup_threshold is not None and not -1.0 <= self.dedup_threshold <= 1.0:
+            raise ValueError(f"bank.dedup_threshold must be in [-1, 1], got {self.dedup_threshold}")
+
+
+class RWLock:
+    """Writer-preferring readers-writer lock (a waiting writer blocks new readers, so writers cannot starve)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextlib.contextmanager
+    def read(self):
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self):
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclasses.dataclass
+class ApplyResult:
+    added: list[int]
+    removed: list[int]
+    rejected: collections.Counter
+
+
+class ExperienceBank:
+    """Entries by uid (insertion order = uid order = FIFO order) plus one :class:`PartitionIndex` per task id."""
+
+    def __init__(self, dim: int, cfg: BankConfig = BankConfig(), lock: RWLock | None = None):
+        self.dim, self.cfg = dim, cfg
+        self.lock = lock or RWLock()
+        self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
+        self.indexes: dict[str, PartitionIndex] = {}
+        self.next_uid = 0
+        self.op_log: list[dict] = []
+        self.counts: collections.Counter = collections.Counter()
+
+    # -- primitives (caller holds the writer lock) --------------------------------------------------
+    def _log(self, rec: dict) -> None:
+        rec["seq"] = len(self.op_log)
+        self.op_log.append(rec)
+
+    def _index(self, task_id: str) -> PartitionIndex:
+        if task_id not in self.indexes:
+            self.indexes[task_id] = PartitionIndex(self.dim, self.cfg.index, writer_lock=self.lock.write)
+        return self.indexes[task_id]
+
+    def add(
+        self,
+        task_id: str,
+        text: str,
+        vec: np.ndarray,
+        *,
+        step: int,
+        key_text: str | None = None,
+        prompt: str = "",
+        response: str = "",
+        kind: str = "distill",
+    ) -> int:
+        """Adds one entry (no validation beyond the vector shape) and evicts the oldest past capacity."""
+        vec = np.asarray(vec, np.float32).reshape(-1)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"embedding for task {task_id!r} has shape {vec.shape}, expected ({self.dim},)")
+        uid = self.next_uid
+        self.next_uid += 1
+        key_text = text if key_text is None else key_text
+        self.entries[uid] = Entry(
+            uid, task_id, text, key_text, int(step), prompt=prompt, response=response, kind=kind
+        )
+        self._index(task_id).add(uid, vec)
+        self._log(
+            {
+                "op": "add",
+                "uid": uid,
+                "task_id": task_id,
+                "text": text,
+                "key_text": key_text,
+                "step": int(step),
+                "prompt": prompt,
+                "response": response,
+                "kind": kind,
+            }
+        )
+        self.counts[f"added_{kind}"] += 1
+        while len(self.entries) > self.cfg.capacity:
+            self.remove(next(iter(self.entries)), "fifo")
+        return uid
+
+    def remove(self, uid: int, reason: str) -> None:
+        entry = self.entries.pop(uid)
+        self.indexes[entry.task_id].remove(uid)
+        self._log({"op": "remove", "uid": uid, "reason": reason})
+        self.counts[f"removed_{reason}"] += 1
+
+    def touch(self, uids: Sequence[int], now: float) -> None:
+        """Records one retrieval of each uid at clock time ``now``."""
+        uids = [int(u) for u in uids if u in self.entries]
+        for u in uids:
+            e = self.entries[u]
+            e.retrievals += 1
+            e.last_retrieved = float(now)
+        if uids:
+            self._log({"op": "touch", "uids": uids, "now": float(now)})
+
+    def mark_trained(self, uids: Sequence[int], step: int) -> None:
+        uids = [int(u) for u in uids if u in self.entries]
+        for u in uids:
+            self.entries[u].train_count += 1
+            self.entries[u].last_trained = int(step)
+        if uids:
+            self._log({"op": "train", "uids": uids, "step": int(step)})
+
+    # -- extractor ops -----------------------------------------------------------------------------
+    def apply_ops(
+        self,
+        task_id: str,
+        ops: Sequence[Op],
+        shown: Sequence[int],
+        vecs: Sequence[np.ndarray],
+        *,
+        step: int,
+        prompt: str = "",
+        response: str = "",
+        kind: str = "distill",
+        key_text: str | None = None,
+    ) -> ApplyResult:
+        """Applies parsed ops atomically (caller holds the writer lock).
+
+        Args:
+          task_id: partition the ops write to.
+          ops: validated ops from :func:`~comprl_jax.experience.ops.parse_ops` (targets 0-based into ``shown``).
+          shown: uids of the "previous lessons" shown to the extractor, in the order shown.
+          vecs: key embedding of each op's new entry, [D] each, aligned with ``ops``.
+          step, prompt, response, kind: recorded on every new entry (its training sample).
+          key_text: embedded text when ``bank.key == "query"`` (else the entry text is the key).
+
+        Every op is checked against the current bank first (targets removed since the prompt was built are
+        "stale_target", near-duplicates "duplicate"); only then are the surviving ops applied.
+        """
+        rejected: collections.Counter = collections.Counter()
+        keep: list[tuple[Op, np.ndarray]] = []
+        for op, vec in zip(ops, vecs, strict=True):
+            if op.function == "update":
+                if any(t >= len(shown) for t in op.targets):
+                    rejected["target_out_of_range"] += 1
+                    continue
+                if any(
+                    self.entries.get(shown[t]) is None or self.entries[shown[t]].task_id != task_id
+                    for t in op.targets
+                ):
+                    rejected["stale_target"] += 1
+                    continue
+            elif self.cfg.dedup_threshold is not None and task_id in self.indexes:
+                _, s = self.indexes[task_id].search(np.asarray(vec, np.float32)[None], 1)
+                if s[0, 0] >= self.cfg.dedup_threshold:
+                    rejected["duplicate"] += 1
+                    continue
+            keep.append((op, vec))
+        added, removed = [], []
+        for op, vec in keep:
+            for t in op.targets:
+                self.remove(shown[t], kind if kind == "merge" else "update")
+                removed.append(shown[t])
+            kt = key_text if self.cfg.key == "query" and key_text is not None else op.new_memory
+            added.append(
+                self.add(
+                    task_id,
+                    op.new_memory,
+                    vec,
+                    step=step,
+                    key_text=kt,
+                    prompt=prompt,
+                    response=response,
+                    kind=kind,
+                )
+            )
+        for r, c in rejected.items():
+            self.counts[f"rejected_{r}"] += c
+        return ApplyResult(added, removed, rejected)
+
+    # -- reads (caller holds a reader lock) -------------------------------------------------------
+    def search(self, task_id: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k uids [Q, k] (-1 padded) and dot-product scores [Q, k] within one partition."""
+        queries = np.asarray(queries, np.float32).reshape(-1, self.dim)
+        if task_id not in self.indexes:
+            return np.full((len(queries), k), -1, np.int64), np.full((len(queries), k), -np.inf, np.float32)
+        return self.indexes[task_id].search(queries, k)
+
+    def partition(self, task_id: str) -> list[int]:
+        return [u for u, e in self.entries.items() if e.task_id == task_id]
+
+    def vector(self, uid: int) -> np.ndarray:
+        return self.indexes[self.entries[uid].task_id].vector(uid)
+
+    def wait_for_builds(self) -> None:
+        for idx in list(self.indexes.values()):
+            idx.wait_for_build()
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError naming the first broken invariant."""
+        uids = list(self.entries)
+        assert len(set(uids)) == len(uids) and uids == sorted(uids), "uids not unique/ordered"
+        assert all(u < self.next_uid for u in uids), "uid >= next_uid"
+        assert len(self.entries) <= self.cfg.capacity, "over capacity"
+        assert sum(len(ix) for ix in self.indexes.values()) == len(self.entries), "index size != entry count"
+        for u, e in self.entries.items():
+            assert e.uid == u and u in self.indexes[e.task_id], f"entry {u} missing from index {e.task_id!r}"
+            assert e.retrievals >= 0 and (e.last_retrieved is None) == (e.retrievals == 0), f"stats of {u}"
+            assert e.train_count >= 0 and (e.last_trained is None) == (e.train_count == 0), (
+                f"train stats of {u}"
+            )
+        assert [r["seq"] for r in self.op_log[-3:]] == list(range(len(self.op_log)))[-3:], "op log seq"
+
+    # -- replay ------------------------------------------------------------------------------------
+    def replay(self, records: Sequence[dict], embed_fn: Callable[[list[str]], np.ndarray]) -> None:
+        """Applies op-log records (from another bank's ``op_log``) in order; uids must line up."""
+        for rec in records:
+            op = rec.get("op")
+            if op == "add":
+                if rec["uid"] != self.next_uid:
+                    raise ValueError(
+                        f"op log out of sync: record seq {rec.get('seq')} adds uid {rec['uid']}, "
+                        f"bank expects {self.next_uid}"
+                    )
+                vec = np.asarray(embed_fn([rec["key_text"]]), np.float32)[0]
+                self.add(
+                    rec["task_id"],
+                    rec["text"],
+                    vec,
+                    step=rec["step"],
+                    key_text=rec["key_text"],
+                    prompt=rec["prompt"],
+                    response=rec["response"],
+                    kind=rec["kind"],
+                )
+            elif op == "remove":
+                if rec["uid"] in self.entries:  # FIFO evictions were already replayed by add()
+                    self.remove(rec["uid"], rec["reason"])
+            elif op == "touch":
+                self.touch(rec["uids"], rec["now"])
+            elif op == "train":
+                self.mark_trained(rec["uids"], rec["step"])
+            else:
+                raise ValueError(f"unknown op-log record {op!r} at seq {rec.get('seq')}")

@@ -1,0 +1,398 @@
+"""ExperienceManager (SPEC §5-6): the one object the trainer talks to.
+
+* Search: callers block on :meth:`search`; a batcher thread groups queries into micro-batches (flush at ``batch``
+  queries or ``t_max_s`` after the first), and ``workers`` threads run batches: embed (LRU cache) -> index search
+  under the reader lock -> under the writer lock, Eq. 6 re-rank + usage stats, query by query in order.
+* Writes (extractor ops, merges, outcomes, training marks) take the writer lock, so a search sees either all or none
+  of a mutation.
+* Distillation: :meth:`submit_distill` enqueues finished episodes; a consumer thread batches them into
+  ``extractor_fn(prompts) -> responses`` calls (the sampler in the trainer, a plain callable in tests), parses and
+  applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds.
+* Extractor buffer: :meth:`record_outcome` / :meth:`pop_extractor_batch` / :meth:`mark_trained` (SPEC §3, Eq. 7).
+* :meth:`save` / :meth:`load` persist everything (see ``persist.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from comprl_jax.experience import merge as merge_lib
+from comprl_jax.experience.bank import ApplyResult, BankConfig, ExperienceBank
+from comprl_jax.experience.buffer import BufferConfig, ExtractorBatch, ExtractorBuffer
+from comprl_jax.experience.ops import distill_prompt, parse_ops, parse_refine, refine_prompt
+from comprl_jax.experience.retrieval import EmbedCache, RetrievalConfig, diversify, format_experience
+
+EmbedFn = Callable[[list[str]], np.ndarray]
+ExtractorFn = Callable[[list[str]], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerConfig:
+    batch: int = 16  # micro-batch flush size
+    t_max_s: float = 0.001  # micro-batch flush delay after the first query
+    workers: int = 4  # search worker threads
+    cache_size: int = 1000  # LRU of query embeddings
+    num_previous: int = 5  # related lessons shown to the distillation call
+    distill_batch: int = 8  # episodes per extractor call in the consumer
+    merge_chunk: int = 5
+    seed: int = 0  # RNG of the Eq. 6 dropout
+
+
+@dataclasses.dataclass
+class Retrieval:
+    uids: list[int]
+    texts: list[str]
+    block: str  # formatted experience block for the actor's system message
+
+
+@dataclasses.dataclass
+class DistillRequest:
+    task_id: str
+    goal: str
+    success: bool
+    trajectory: str
+    query: str  # the episode's retrieval query (key text when bank.key == "query")
+    retrieved: Sequence[int] = ()  # uids the episode used; shown first among the previous lessons
+    step: int = 0
+
+
+class ExperienceManager:
+    def __init__(
+        self,
+        embed_fn: EmbedFn,
+        dim: int,
+        extractor_fn: ExtractorFn | None = None,
+        *,
+        bank_cfg: BankConfig = BankConfig(),
+        retrieval_cfg: RetrievalConfig = RetrievalConfig(),
+        buffer_cfg: BufferConfig = BufferConfig(),
+        cfg: ManagerConfig = ManagerConfig(),
+        clock: Callable[[], float] = time.time,
+        start_threads: bool = True,
+    ):
+        self.embed_fn, self.extractor_fn, self.clock = embed_fn, extractor_fn, clock
+        self.cfg, self.retrieval_cfg = cfg, retrieval_cfg
+        self.bank = ExperienceBank(dim, bank_cfg)
+        self.lock = self.bank.lock
+        self.buffer = ExtractorBuffer(buffer_cfg)
+        self.cache = EmbedCache(embed_fn, cfg.cache_size)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.counts: collections.Counter = collections.Counter()
+        self.refine_samples: dict[str, tuple[str, str]] = {}
+        self.num_refines = 0
+        self.errors: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._search_q: queue.Queue = queue.Queue()
+        self._distill_q: queue.Queue = queue.Queue()
+        self._distill_pending = 0
+        self._distill_cv = threading.Condition()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if start_threads:
+            self.start()
+
+    # -- threads -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="exp-search")
+        for target, name in ((self._batch_loop, "exp-batcher"), (self._distill_loop, "exp-distill")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        """Stops the threads (pending searches are answered first)."""
+        if not self._threads:
+            return
+        self._search_q.put(None)
+        self._distill_q.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        self._pool.shutdown(wait=True)
+        self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- search ------------------------------------------------------------------------------------
+    def search(self, queries: Sequence[str], task_ids: Sequence[str]) -> list[Retrieval]:
+        """Retrieves for each (query, task_id); blocks until answered. Thread-safe."""
+        if len(queries) != len(task_ids):
+            raise ValueError(f"{len(queries)} queries but {len(task_ids)} task ids")
+        if not self._threads:
+            return self.search_sync(queries, task_ids)
+        futs = []
+        for q, t in zip(queries, task_ids, strict=True):
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            self._search_q.put((q, t, f))
+            futs.append(f)
+        return [f.result() for f in futs]
+
+    def search_sync(self, queries: Sequence[str], task_ids: Sequence[str]) -> list[Retrieval]:
+        """The same pipeline in the calling thread, in micro-batches of ``cfg.batch`` (deterministic)."""
+        out: list[Retrieval] = []
+        for i in range(0, len(queries), self.cfg.batch):
+            out += self._run_batch(
+                list(queries[i : i + self.cfg.batch]), list(task_ids[i : i + self.cfg.batch])
+            )
+        return out
+
+    def _batch_loop(self) -> None:
+        while True:
+            item = self._search_q.get()
+            if item is None:
+                return
+            batch = [item]
+            deadline = time.monotonic() + self.cfg.t_max_s
+            stop = False
+            while len(batch) < self.cfg.batch:
+                left = deadline - time.monotonic()
+                try:
+                    nxt = self._search_q.get(timeout=left) if left > 0 else self._search_q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._pool.submit(self._answer, batch)
+            if stop:
+                return
+
+    def _answer(self, batch) -> None:
+        try:
+            res = self._run_batch([b[0] for b in batch], [b[1] for b in batch])
+            for (_, _, f), r in zip(batch, res, strict=True):
+                f.set_result(r)
+        except Exception as e:  # noqa: BLE001 -- hand the error to every waiting caller
+            for _, _, f in batch:
+                f.set_exception(e)
+
+    def _run_batch(self, queries: list[str], task_ids: list[str]) -> list[Retrieval]:
+        vecs = self.cache(queries)
+        rc = self.retrieval_cfg
+        by_task: dict[str, list[int]] = collections.defaultdict(list)
+        for i, t in enumerate(task_ids):
+            by_task[t].append(i)
+        cands: list[np.ndarray] = [np.zeros(0, np.int64)] * len(queries)
+        with self.lock.read():
+            for t, rows in by_task.items():
+                uids, _ = self.bank.search(t, vecs[rows], rc.num_candidates)
+                for r, u in zip(rows, uids, strict=True):
+                    cands[r] = u
+        out = []
+        with self.lock.write():
+            now = float(self.clock())
+            for u in cands:
+                live = [int(x) for x in u if x >= 0 and int(x) in self.bank.entries]
+                ents = [self.bank.entries[x] for x in live]
+                pick = diversify(
+                    [e.retrievals for e in ents], [e.last_retrieved for e in ents], now, rc, self.rng
+                )
+                chosen = [live[p] for p in pick]
+                self.bank.touch(chosen, now)
+                texts = [self.bank.entries[x].text for x in chosen]
+                out.append(Retrieval(chosen, texts, format_experience(texts)))
+            self.counts["searches"] += len(queries)
+        return out
+
+    # -- extractor ops -----------------------------------------------------------------------------
+    def previous_lessons(self, task_id: str, query: str, first: Sequence[int] = ()) -> list[int]:
+        """Uids shown as "previous lessons": ``first`` (still live), then the nearest entries to ``query``."""
+        vec = self.cache([query])
+        with self.lock.read():
+            shown = [
+                int(u) for u in first if u in self.bank.entries and self.bank.entries[u].task_id == task_id
+            ]
+            uids, _ = self.bank.search(task_id, vec, self.cfg.num_previous + len(shown))
+            for u in uids[0].tolist():
+                if u >= 0 and u not in shown and len(shown) < self.cfg.num_previous:
+                    shown.append(u)
+        return shown[: self.cfg.num_previous]
+
+    def apply_output(
+        self,
+        task_id: str,
+        response: str,
+        shown: Sequence[int],
+        *,
+        step: int,
+        prompt: str = "",
+        kind: str = "distill",
+        query: str | None = None,
+    ) -> ApplyResult:
+        """Parses one extractor output and applies its ops atomically; every op is counted."""
+        max_chars = self.bank.cfg.max_entry_chars
+        res = parse_ops(response, len(shown), max_chars)
+        key_query = self.bank.cfg.key == "query" and query is not None
+        keys = [query if key_query else op.new_memory for op in res.ops]
+        vecs = list(np.asarray(self.embed_fn(keys), np.float32)) if keys else []
+        with self.lock.write():
+            out = self.bank.apply_ops(
+                task_id,
+                res.ops,
+                list(shown),
+                vecs,
+                step=step,
+                prompt=prompt,
+                response=response,
+                kind=kind,
+                key_text=query,
+            )
+            out.rejected.update(res.rejected)
+            self.counts["ops_submitted"] += res.num_items
+            self.counts["ops_applied"] += len(out.added)
+            self.counts["ops_returned"] += res.num_returns
+            self.counts["ops_rejected"] += sum(out.rejected.values())
+            self.counts.update({f"rejected_{k}": v for k, v in out.rejected.items()})
+        return out
+
+    def distill(self, requests: Sequence[DistillRequest]) -> list[ApplyResult]:
+        """One batched extractor call over finished episodes, then their ops (synchronous)."""
+        if self.extractor_fn is None:
+            raise ValueError("distill needs an extractor_fn")
+        shown, prompts = [], []
+        max_chars = self.bank.cfg.max_entry_chars
+        for r in requests:
+            s = self.previous_lessons(r.task_id, r.query, r.retrieved)
+            with self.lock.read():
+                texts = [self.bank.entries[u].text if u in self.bank.entries else "" for u in s]
+            shown.append(s)
+            prompts.append(distill_prompt(r.goal, r.success, r.trajectory, texts, max_chars))
+        responses = list(self.extractor_fn(prompts))
+        if len(responses) != len(prompts):
+            raise ValueError(f"extractor_fn returned {len(responses)} responses for {len(prompts)} prompts")
+        return [
+            self.apply_output(r.task_id, resp, s, step=r.step, prompt=p, query=r.query)
+            for r, s, p, resp in zip(requests, shown, prompts, responses, strict=True)
+        ]
+
+    def submit_distill(self, request: DistillRequest) -> None:
+        """Producer side of the distillation queue (non-blocking)."""
+        with self._distill_cv:
+            self._distill_pending += 1
+        if self._threads:
+            self._distill_q.put(request)
+        else:
+            self._consume([request])
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Blocks until every submitted distillation request has been processed."""
+        with self._distill_cv:
+            if not self._distill_cv.wait_for(lambda: self._distill_pending == 0, timeout):
+                raise TimeoutError(f"{self._distill_pending} distillation requests still pending")
+
+    def _distill_loop(self) -> None:
+        while True:
+            item = self._distill_q.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.cfg.distill_batch:
+                try:
+                    nxt = self._distill_q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._consume(batch)
+                    return
+                batch.append(nxt)
+            self._consume(batch)
+
+    def _consume(self, batch: list[DistillRequest]) -> None:
+        try:
+            self.distill(batch)
+        except Exception as e:  # noqa: BLE001 -- a bad extractor call must not kill the consumer
+            self.errors.append(f"distill: {type(e).__name__}: {e}")
+            self.counts["distill_errors"] += 1
+        finally:
+            with self._distill_cv:
+                self._distill_pending -= len(batch)
+                self._distill_cv.notify_all()
+
+    def merge(self, step: int) -> dict:
+        """One periodic merge pass over every partition (SPEC §4)."""
+        if self.extractor_fn is None:
+            raise ValueError("merge needs an extractor_fn")
+        stats = merge_lib.merge_bank(self.bank, self.embed_fn, self.extractor_fn, step, self.cfg.merge_chunk)
+        with self.lock.write():
+            self.counts.update({f"merge_{k}": v for k, v in stats.items()})
+        return stats
+
+    def refine(self, question: str, situation: str, task_id: str) -> tuple[str | None, str, list[int]]:
+        """Search & ask: retrieve for ``question``, let the extractor rewrite the hit for the situation.
+
+        Returns (answer or None when unparsable, sample key for :meth:`record_refine_outcome`, retrieved uids).
+        """
+        if self.extractor_fn is None:
+            raise ValueError("refine needs an extractor_fn")
+        hit = self.search([question], [task_id])[0]
+        prompt = refine_prompt(question, situation, hit.texts)
+        response = self.extractor_fn([prompt])[0]
+        with self.lock.write():
+            key = f"refine:{self.num_refines}"
+            self.num_refines += 1
+            self.refine_samples[key] = (prompt, response)
+        return parse_refine(response), key, hit.uids
+
+    # -- extractor training buffer -----------------------------------------------------------------
+    def record_outcome(self, uids: Sequence[int], success: bool) -> None:
+        """One guided trajectory that used ``uids`` finished: r = +1 on success, -1 on failure for each entry."""
+        r = 1.0 if success else -1.0
+        with self.lock.write():
+            for u in dict.fromkeys(int(x) for x in uids):
+                key = f"entry:{u}"
+                e = self.bank.entries.get(u)
+                if key in self.buffer.samples:
+                    self.buffer.add_reward(key, r)
+                elif e is not None and e.prompt:
+                    self.buffer.add_reward(key, r, e.prompt, e.response, e.train_count, e.last_trained)
+                else:
+                    self.counts["outcome_without_sample"] += 1
+
+    def record_refine_outcome(self, key: str, success: bool) -> None:
+        with self.lock.write():
+            if key in self.buffer.samples:
+                self.buffer.add_reward(key, 1.0 if success else -1.0)
+            elif key in self.refine_samples:
+                p, resp = self.refine_samples.pop(key)
+                self.buffer.add_reward(key, 1.0 if success else -1.0, p, resp)
+            else:
+                raise KeyError(f"unknown refine sample key {key!r}")
+
+    def pop_extractor_batch(self, step: int) -> ExtractorBatch | None:
+        with self.lock.write():
+            return self.buffer.pop_batch(step)
+
+    def mark_trained(self, batch: ExtractorBatch, step: int) -> None:
+        """After the extractor update on ``batch``: bump c_train, set t_last (w > 0 only)."""
+        keys = ExtractorBuffer.trained_keys(batch)
+        with self.lock.write():
+            self.bank.mark_trained([int(k.split(":")[1]) for k in keys if k.startswith("entry:")], step)
+
+    # -- misc --------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        with self.lock.read():
+            self.bank.check_invariants()
+            c = self.counts
+            assert c["ops_submitted"] == c["ops_applied"] + c["ops_returned"] + c["ops_rejected"], dict(c)
+
+    def save(self, path: str) -> None:
+        from comprl_jax.experience.persist import save_manager
+
+        save_manager(self, path)
+
+    def load(self, path: str) -> None:
+        from comprl_jax.experience.persist import load_manager
+
+        load_manager(self, path)
