@@ -66,7 +66,10 @@ class MiniHackTextEnv(TextEnv):
 
         self.env_name = env_name
         self.family = _family(env_name)
-        kwargs: dict[str, Any] = {"observation_keys": _OBS_KEYS, "max_episode_steps": max(1000, 10 * max_turns)}
+        kwargs: dict[str, Any] = {
+            "observation_keys": _OBS_KEYS,
+            "max_episode_steps": max(1000, 10 * max_turns),
+        }
         if extra_actions:
             base = gym.spec(env_name).make(observation_keys=_OBS_KEYS).unwrapped
             codes = [int(a) for a in base.actions]

@@ -81,7 +81,9 @@ def bytes_to_str(arr: np.ndarray) -> str:
     return bytes(np.asarray(arr, dtype=np.uint8)).split(b"\0", 1)[0].decode("latin-1")
 
 
-def update_bbox(chars: np.ndarray, bbox: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+def update_bbox(
+    chars: np.ndarray, bbox: tuple[int, int, int, int] | None
+) -> tuple[int, int, int, int] | None:
     """Grows ``bbox`` = (row0, row1, col0, col1), inclusive, to cover every non-blank cell of ``chars`` [21, 79]."""
     rows, cols = np.nonzero(chars != ord(" "))
     if rows.size == 0:
@@ -109,6 +111,19 @@ _DESC_NAMES = {
 }
 
 
+_DESC_CACHE: dict[bytes, str] = {}
+
+
+def _describe(raw: bytes) -> str:
+    desc = _DESC_CACHE.get(raw)
+    if desc is None:
+        text = raw.split(b"\0", 1)[0].decode("latin-1") or "unknown"
+        desc = _DESC_NAMES.get(text, text)
+        if len(_DESC_CACHE) < 4096:  # bounded: descriptions come from a finite NetHack vocabulary anyway
+            _DESC_CACHE[raw] = desc
+    return desc
+
+
 def legend(chars: np.ndarray, descriptions: np.ndarray, bbox, hero_rc: tuple[int, int]) -> list[str]:
     """One ``"<symbol>: <meaning>"`` line per symbol present in the cropped map, ``@`` (you) first.
 
@@ -121,23 +136,31 @@ def legend(chars: np.ndarray, descriptions: np.ndarray, bbox, hero_rc: tuple[int
     if bbox is None:
         return []
     r0, r1, c0, c1 = bbox
+    hero_rc = (int(hero_rc[0]), int(hero_rc[1]))
     meanings: dict[str, list[str]] = {}
-    for r in range(r0, r1 + 1):
-        for c in range(c0, c1 + 1):
-            ch = chr(int(chars[r, c]))
-            if ch == " ":
-                continue
-            if (r, c) == tuple(hero_rc):
-                desc = "you (the player)"
-            else:
-                desc = bytes_to_str(descriptions[r, c]) or "unknown"
-                desc = _DESC_NAMES.get(desc, desc)
-            seen = meanings.setdefault(ch, [])
-            if desc not in seen:
-                seen.append(desc)
+    crop = chars[r0 : r1 + 1, c0 : c1 + 1]
+    width, dlen = crop.shape[1], descriptions.shape[-1]
+    # One bytes copy of the cropped descriptions, then per cell a slice + dict lookup: this runs every step
+    # under the GIL, so it is kept free of per-cell numpy calls.
+    flat_chars = crop.tobytes()
+    flat_desc = np.ascontiguousarray(descriptions[r0 : r1 + 1, c0 : c1 + 1]).tobytes()
+    for i, code in enumerate(flat_chars):
+        if code == 32:
+            continue
+        r, c = r0 + i // width, c0 + i % width
+        ch = chr(code)
+        if (r, c) == hero_rc:
+            desc = "you (the player)"
+        else:
+            desc = _describe(flat_desc[i * dlen : (i + 1) * dlen])
+        seen = meanings.setdefault(ch, [])
+        if desc not in seen:
+            seen.append(desc)
     hero_ch = chr(int(chars[hero_rc[0], hero_rc[1]]))
     order = sorted(meanings, key=lambda ch: (ch != hero_ch, ch))
-    lines = [f"{ch}: {' / '.join(sorted(meanings[ch], key=lambda d: d != 'you (the player)'))}" for ch in order]
+    lines = [
+        f"{ch}: {' / '.join(sorted(meanings[ch], key=lambda d: d != 'you (the player)'))}" for ch in order
+    ]
     lines.append("(blank): unexplored or solid rock")
     return lines
 
@@ -152,7 +175,9 @@ def inventory_lines(inv_strs: np.ndarray, inv_letters: np.ndarray) -> list[str]:
     return out
 
 
-def observation_text(message: str, map_text: str, legend_lines: list[str], inventory: list[str] | None) -> str:
+def observation_text(
+    message: str, map_text: str, legend_lines: list[str], inventory: list[str] | None
+) -> str:
     """Assembles the observation shown to the actor."""
     parts = [f"Message: {message.strip() or '(none)'}", "Map:", map_text, "Legend:", *legend_lines]
     if inventory is not None:
