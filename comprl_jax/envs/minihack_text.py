@@ -168,7 +168,7 @@ def legend(chars: np.ndarray, descriptions: np.ndarray, bbox, hero_rc: tuple[int
 def inventory_lines(inv_strs: np.ndarray, inv_letters: np.ndarray) -> list[str]:
     """``"a: a +0 short sword (weapon in hand)"`` lines for the non-empty inventory slots."""
     out = []
-    for letter, s in zip(inv_letters, inv_strs):
+    for letter, s in zip(inv_letters, inv_strs, strict=True):
         if int(letter) == 0:
             continue
         out.append(f"{chr(int(letter))}: {bytes_to_str(s)}")

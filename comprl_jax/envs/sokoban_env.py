@@ -71,26 +71,28 @@ def generate(seed: int, dim: int = 6, num_boxes: int = 2, max_attempts: int = 50
     ru = _room_utils()
     num_steps = int(1.7 * (dim + dim))  # gym-sokoban's SokobanEnv default for the random-walk length
     with _GEN_LOCK:
-        py_state, np_state = random.getstate(), np.random.get_state()
+        py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002 - the generator uses the legacy global RNG
         try:
             for attempt in range(max_attempts):
                 random.seed(f"sokoban-{seed}-{attempt}")
-                np.random.seed((int(seed) * 1_000_003 + attempt) % (2**32))
+                np.random.seed((int(seed) * 1_000_003 + attempt) % (2**32))  # noqa: NPY002
                 try:
                     fixed, state, _ = ru.generate_room(
                         dim=(dim, dim), num_steps=num_steps, num_boxes=num_boxes
                     )
                 except (RuntimeWarning, RuntimeError):
                     continue
-                boxes = {tuple(map(int, p)) for p in zip(*np.nonzero((state == 3) | (state == 4)))}
-                targets = {tuple(map(int, p)) for p in zip(*np.nonzero(fixed == 2))}
+                boxes = {
+                    tuple(map(int, p)) for p in zip(*np.nonzero((state == 3) | (state == 4)), strict=True)
+                }
+                targets = {tuple(map(int, p)) for p in zip(*np.nonzero(fixed == 2), strict=True)}
                 if len(boxes) != num_boxes or len(targets) != num_boxes or boxes <= targets:
                     continue  # already solved, or a degenerate room: draw another
                 (pr,), (pc,) = np.nonzero(state == 5)
                 return fixed == 0, targets, boxes, (int(pr), int(pc))
         finally:
             random.setstate(py_state)
-            np.random.set_state(np_state)
+            np.random.set_state(np_state)  # noqa: NPY002
     raise RuntimeError(
         f"Sokoban generator failed {max_attempts} times for seed {seed} (dim={dim}, boxes={num_boxes})"
     )
