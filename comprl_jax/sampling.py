@@ -1,0 +1,353 @@
+"""Generation engine: jitted KV-cache sampling with stop strings, logprobs, constraints and multi-turn continuation.
+
+Public API::
+
+    svc = SamplerService(graphdef, params, cfg, vocab=vocab_bytes(tok, cfg.vocab_size),
+                         stop_token_ids=(tok.eos_id, tok.special_ids["<|im_end|>"]), pad_id=tok.pad_id, mesh=None)
+    res = svc.generate(prompts, key, SamplingParams(max_new_tokens=64, temperature=0.99, top_p=0.99),
+                       stop_strings=("</answer>",), constraint=svc.regex_constraint(r"<answer>(north|south)</answer>"))
+    res.tokens [B, N], res.lengths [B], res.finish_reason [B] (0 stop / 1 length), res.logprobs [B, N]  (numpy)
+
+    conv = svc.conversation(batch=B, max_len=4096)        # multi-turn, token in / token out
+    r1 = conv.turn(first_prompts, key1, sp)               # prefill + generate
+    r2 = conv.turn(observation_tokens, key2, sp)          # appended to the live cache (incremental prefill)
+    ids, assistant_mask = conv.tokens(b)                  # exactly the sampled ids; mask 1 on generated tokens
+
+Each call is one jitted function (:func:`comprl_jax.sampling_lib.decode.decode`): prefill through the model's
+``extend`` then a ``lax.while_loop`` decode that ends when every row is done. Shapes are bucketed (batch and
+input length to powers of two, ``max_new_tokens`` as given, the cache length per conversation) so a run compiles
+once per bucket. Logprobs are under the unmodified model distribution. Stop strings: see
+:mod:`comprl_jax.sampling_lib.stops` for exactly where detection can miss.
+
+Threading contract: a :class:`SamplerService` owns one model's graphdef/params and a lock; any thread may call
+:meth:`SamplerService.generate` / :meth:`Conversation.turn`; calls on one service are serialised by its lock
+(dispatch + the blocking host copy), so the extractor's service can run in a background thread while the main
+thread drives the actor's service. :meth:`SamplerService.update_params` swaps weights under the same lock (the
+next call sees the new weights; a running call finishes with the old ones). A :class:`Conversation` itself is
+not thread-safe: one thread per conversation.
+
+Under a mesh the batch is sharded over ``("data", "fsdp")`` (the ``batch`` logical axis) and the cache likewise;
+weights keep the shardings they were created with.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from comprl_jax import sharding as shd
+from comprl_jax.sampling_lib.automaton import TokenAutomaton, accepts, from_regex, from_strings, vocab_bytes
+from comprl_jax.sampling_lib.decode import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationResult,
+    decode,
+    make_decode_fn,
+)
+from comprl_jax.sampling_lib.filters import SamplingParams, filter_logits, select_tokens
+from comprl_jax.sampling_lib.stops import StopAutomaton, build_stop_automaton, find_stop
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "Conversation",
+    "GenerationResult",
+    "SamplerService",
+    "SamplingParams",
+    "StopAutomaton",
+    "TokenAutomaton",
+    "accepts",
+    "bucket",
+    "build_stop_automaton",
+    "decode",
+    "filter_logits",
+    "find_stop",
+    "from_regex",
+    "from_strings",
+    "select_tokens",
+    "vocab_bytes",
+]
+
+
+def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
+    """Smallest power of two ``>= max(n, minimum)``, rounded up to a multiple of ``multiple``."""
+    b = 1 << (max(int(n), int(minimum), 1) - 1).bit_length()
+    return -(-b // multiple) * multiple
+
+
+def _model_fns():
+    from comprl_jax.models import decoder  # lazy: keeps this module importable without the model layer
+
+    return decoder.extend, decoder.init_cache
+
+
+class SamplerService:
+    """Owns one model (graphdef, params, config) and its compiled generation function.
+
+    Args:
+      graphdef: the model's NNX graph definition.
+      params: its parameters (``nnx.State``; sharded already when a mesh is used).
+      cfg: the model's ``ModelConfig`` (``init_cache`` needs it).
+      vocab: ``[V]`` bytes per token id (:func:`vocab_bytes`); needed for stop strings and constraints.
+      stop_token_ids: ids that end a reply (EOS, ``<|im_end|>``).
+      pad_id: filler id for padding (inputs and outputs).
+      mesh: optional device mesh; batch rows are sharded over its ``batch`` axes.
+      extend_fn / init_cache_fn: the model layer's ``extend`` / ``init_cache`` (defaults:
+        ``comprl_jax.models.decoder``); tests may pass a stand-in with the same signature.
+      wrap: optional decorator for the traced function (tests: ``chex.assert_max_traces(n=...)``).
+    """
+
+    def __init__(
+        self,
+        graphdef: Any,
+        params: Any,
+        cfg: Any,
+        *,
+        vocab: Sequence[bytes] | None = None,
+        stop_token_ids: Sequence[int] = (),
+        pad_id: int = 0,
+        mesh: Any = None,
+        extend_fn: Any = None,
+        init_cache_fn: Any = None,
+        wrap: Any = None,
+    ):
+        if extend_fn is None or init_cache_fn is None:
+            default_extend, default_init = _model_fns()
+            extend_fn = extend_fn or default_extend
+            init_cache_fn = init_cache_fn or default_init
+        self.graphdef, self.params, self.cfg = graphdef, params, cfg
+        self.vocab = list(vocab) if vocab is not None else None
+        self.stop_token_ids = tuple(sorted({int(i) for i in stop_token_ids}))
+        self.pad_id = int(pad_id)
+        self.mesh = mesh
+        self._init_cache = init_cache_fn
+        self._fn = make_decode_fn(extend_fn, wrap)
+        self._lock = threading.Lock()
+        self._batch_multiple = 1
+        if mesh is not None:
+            spec = shd.logical_to_spec(("batch",), mesh=mesh)
+            axes = spec[0] if spec else None
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            self._batch_multiple = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+
+    # -- set-up ----------------------------------------------------------------------------------------
+    def update_params(self, params: Any) -> None:
+        """Swaps in new weights (e.g. after an RL update); same tree structure and shardings."""
+        with self._lock:
+            self.params = params
+
+    def _need_vocab(self, what: str) -> list[bytes]:
+        if self.vocab is None:
+            raise ValueError(
+                f"SamplerService.{what} needs vocab= (token bytes), e.g. vocab_bytes(tokenizer, V)"
+            )
+        return self.vocab
+
+    def _replicate(self, tree):
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, tree)
+        return jax.device_put(tree, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019 -- the service lives as long as its caches should
+    def stop_automaton(self, stop_strings: tuple[str, ...]) -> StopAutomaton:
+        """Device tables for ``stop_strings`` (cached per tuple)."""
+        return self._replicate(build_stop_automaton(stop_strings, self._need_vocab("stop_automaton")))
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019
+    def regex_constraint(self, pattern: str) -> TokenAutomaton:
+        """Device automaton for a regex (``outlines-core``), allowing ``stop_token_ids`` at accepting states."""
+        return self._replicate(from_regex(pattern, self._need_vocab("regex_constraint"), self.stop_token_ids))
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019
+    def strings_constraint(self, strings: tuple[str, ...]) -> TokenAutomaton:
+        """Device automaton accepting exactly one of ``strings`` (e.g. the action set)."""
+        return self._replicate(
+            from_strings(strings, self._need_vocab("strings_constraint"), self.stop_token_ids)
+        )
+
+    def batch_bucket(self, n: int) -> int:
+        return bucket(n, minimum=1, multiple=self._batch_multiple)
+
+    def new_cache(self, batch: int, max_len: int):
+        """An empty KV cache ``[L, batch, max_len, ...]``, created sharded over the batch axes under a mesh."""
+        make = functools.partial(self._init_cache, self.cfg, batch, max_len)
+        if self.mesh is None:
+            return jax.jit(make)()
+
+        def spec(x):
+            names = ("batch",) if x.ndim == 1 else (None, "batch")
+            return shd.named_sharding(self.mesh, names)
+
+        return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))()
+
+    def _put(self, x: np.ndarray):
+        return jnp.asarray(x) if self.mesh is None else shd.put_batch(x, self.mesh)
+
+    # -- generation ------------------------------------------------------------------------------------
+    def run(
+        self,
+        cache,
+        rows: Sequence[Sequence[int]],
+        max_new: Sequence[int],
+        key,
+        sp: SamplingParams,
+        stop_strings: Sequence[str] = (),
+        constraint: TokenAutomaton | None = None,
+    ) -> GenerationResult:
+        """One jitted turn on an existing cache (its batch dim ``Bp >= len(rows)``); returns device arrays.
+
+        ``rows[b]`` are the new input ids of row ``b`` (empty = idle row); rows past ``len(rows)`` are idle.
+        """
+        Bp = cache.lengths.shape[0]
+        if len(rows) > Bp:
+            raise ValueError(f"{len(rows)} rows do not fit a cache of batch {Bp}")
+        T = bucket(max((len(r) for r in rows), default=1), minimum=16)
+        toks = np.full((Bp, T), self.pad_id, np.int32)
+        num_new = np.zeros((Bp,), np.int32)
+        mx = np.zeros((Bp,), np.int32)
+        for b, r in enumerate(rows):
+            toks[b, : len(r)] = r
+            num_new[b] = len(r)
+            mx[b] = max_new[b] if len(r) else 0
+        if mx.max(initial=0) > sp.max_new_tokens:
+            raise ValueError(
+                f"max_new {int(mx.max())} exceeds SamplingParams.max_new_tokens={sp.max_new_tokens}"
+            )
+        stops = self.stop_automaton(tuple(stop_strings)) if stop_strings else None
+        with self._lock:
+            return self._fn(
+                self.graphdef,
+                self.params,
+                cache,
+                self._put(toks),
+                self._put(num_new),
+                self._put(mx),
+                key,
+                stops,
+                constraint,
+                sp=sp,
+                stop_ids=self.stop_token_ids,
+                pad_id=self.pad_id,
+            )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        key: jax.Array,
+        sp: SamplingParams,
+        *,
+        max_new: int | Sequence[int] | None = None,
+        stop_strings: Sequence[str] = (),
+        constraint: TokenAutomaton | None = None,
+    ) -> GenerationResult:
+        """Single-turn batched generation from token-id prompts (a fresh cache); numpy results for the rows.
+
+        Args:
+          prompts: ``B`` lists of ids (ragged, each non-empty).
+          key: PRNG key.
+          sp: sampling settings; ``sp.max_new_tokens`` is the output width ``N``.
+          max_new: per-row limits (default ``sp.max_new_tokens``).
+          stop_strings: texts that end a row (detected on device, incl. across tokens).
+          constraint: optional token automaton (:meth:`regex_constraint` / :meth:`strings_constraint`).
+        """
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        B = len(prompts)
+        mx = _per_row(max_new, B, sp.max_new_tokens)
+        T = bucket(max(len(p) for p in prompts), minimum=16)
+        cache = self.new_cache(self.batch_bucket(B), T + sp.max_new_tokens)
+        return self.run(cache, prompts, mx, key, sp, stop_strings, constraint).to_numpy(B)
+
+    def conversation(self, batch: int, max_len: int) -> Conversation:
+        return Conversation(self, batch, max_len)
+
+
+def _per_row(max_new, B: int, default: int) -> list[int]:
+    if max_new is None:
+        return [default] * B
+    if isinstance(max_new, int | np.integer):
+        return [int(max_new)] * B
+    if len(max_new) != B:
+        raise ValueError(f"max_new has {len(max_new)} entries for {B} rows")
+    return [int(m) for m in max_new]
+
+
+class Conversation:
+    """``batch`` multi-turn episodes on one live KV cache, token in / token out.
+
+    The context of row ``b`` is held as token ids (``ids[b]``) with an assistant mask (1 on sampled tokens, 0 on
+    prompt / observation tokens); generated text is never re-tokenised. Each :meth:`turn` appends the new input
+    tokens (plus the previous turn's last sampled token, which the decode loop has not fed yet) to the cache with
+    one incremental prefill, then generates.
+
+    Args:
+      service: the :class:`SamplerService` to run on.
+      batch: number of episodes.
+      max_len: cache length per row (prompt + all turns); exceeding it raises naming the row.
+    """
+
+    def __init__(self, service: SamplerService, batch: int, max_len: int):
+        self.service = service
+        self.batch = int(batch)
+        self.max_len = int(max_len)
+        self.cache = service.new_cache(service.batch_bucket(batch), self.max_len)
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.mask: list[list[int]] = [[] for _ in range(batch)]
+        self.cached = [0] * batch  # ids[b][:cached[b]] are in the cache
+
+    def tokens(self, b: int) -> tuple[list[int], list[int]]:
+        """Row ``b``'s full token context and assistant mask (for the trainer)."""
+        return list(self.ids[b]), list(self.mask[b])
+
+    def turn(
+        self,
+        new_tokens: Sequence[Sequence[int] | None],
+        key: jax.Array,
+        sp: SamplingParams,
+        *,
+        max_new: int | Sequence[int] | None = None,
+        stop_strings: Sequence[str] = (),
+        constraint: TokenAutomaton | None = None,
+    ) -> GenerationResult:
+        """Appends ``new_tokens[b]`` to row ``b`` and generates its reply; ``None`` = row sits this turn out.
+
+        Returns numpy results for the ``batch`` rows (idle rows have length 0).
+        """
+        if len(new_tokens) != self.batch:
+            raise ValueError(f"turn got {len(new_tokens)} rows for a conversation of batch {self.batch}")
+        mx = _per_row(max_new, self.batch, sp.max_new_tokens)
+        rows: list[list[int]] = []
+        for b, new in enumerate(new_tokens):
+            if new is None:
+                rows.append([])
+                mx[b] = 0
+                continue
+            row = self.ids[b][self.cached[b] :] + [int(t) for t in new]
+            if not row:
+                raise ValueError(f"row {b}: a turn needs at least one input token")
+            need = self.cached[b] + len(row) + mx[b]
+            if need > self.max_len:
+                raise ValueError(
+                    f"row {b}: context {need} tokens exceeds the conversation's max_len={self.max_len}"
+                )
+            rows.append(row)
+        res = self.service.run(self.cache, rows, mx, key, sp, stop_strings, constraint)
+        self.cache = res.cache
+        out = res.to_numpy(self.batch)
+        for b, new in enumerate(new_tokens):
+            if new is None:
+                continue
+            n = int(out.lengths[b])
+            self.ids[b] += [int(t) for t in new]
+            self.mask[b] += [0] * len(new)
+            self.cached[b] = len(self.ids[b])
+            self.ids[b] += out.tokens[b, :n].tolist()
+            self.mask[b] += [1] * n
+            self.cached[b] += max(n - 1, 0)  # the last sampled token is fed at the start of the next turn
+        return out

@@ -1,0 +1,200 @@
+"""The jitted generation step: ragged prefill through ``extend`` + a ``lax.while_loop`` decode.
+
+One call = one turn for a batch of rows sharing a KV cache. Row ``b`` appends ``tokens[b, :num_new[b]]`` to its
+cache (a first prompt, or the next turn's observation on a live cache), then samples up to ``max_new[b]``
+tokens. The loop runs while any row is still going, so finished rows cost no steps beyond the longest row
+(they ride along in the batched compute with ``num_new = 0``: nothing is written to their cache).
+
+Token convention: a sampled token is fed to the model at the *next* step, so the last token of each row (the
+stop token, or the last one at the length limit) is *not* in the returned cache: ``cache.lengths[b] =
+old + num_new[b] + lengths[b] - 1`` for rows that generated. The multi-turn :class:`~comprl_jax.sampling.Conversation`
+prepends it to the next turn's input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from comprl_jax.sampling_lib.automaton import TokenAutomaton
+from comprl_jax.sampling_lib.filters import SamplingParams, select_tokens
+from comprl_jax.sampling_lib.stops import StopAutomaton
+
+FINISH_STOP = 0  # a stop token id or stop string ended the row
+FINISH_LENGTH = 1  # the row reached its max_new
+
+
+@flax.struct.dataclass
+class GenerationResult:
+    """Output of one generation call (device arrays, or numpy after :meth:`to_numpy`).
+
+    Attributes:
+      tokens: ``[B, N]`` int32 generated ids; entries at ``>= lengths[b]`` are ``pad_id``.
+      lengths: ``[B]`` int32 number of generated tokens (incl. the stop token).
+      finish_reason: ``[B]`` int32, ``FINISH_STOP`` (0) or ``FINISH_LENGTH`` (1).
+      logprobs: ``[B, N]`` float32 log-probability of each token under the unmodified model; 0 past lengths.
+      cache: the updated KV cache (model layer's ``KVCache``); ``None`` once dropped on the host side.
+      steps: scalar int32, decode positions the loop ran (``max(lengths)``: finished rows cost no extra steps).
+    """
+
+    tokens: Any
+    lengths: Any
+    finish_reason: Any
+    logprobs: Any
+    cache: Any = None
+    steps: Any = None
+
+    def to_numpy(self, batch: int | None = None) -> GenerationResult:
+        """Host copy of the first ``batch`` rows (drops the cache)."""
+        sl = slice(None) if batch is None else slice(0, batch)
+        get = jax.device_get((self.tokens, self.lengths, self.finish_reason, self.logprobs))
+        return GenerationResult(*(x[sl] for x in get), cache=None, steps=jax.device_get(self.steps))
+
+
+def decode(
+    graphdef: Any,
+    params: Any,
+    cache: Any,
+    tokens: jax.Array,
+    num_new: jax.Array,
+    max_new: jax.Array,
+    key: jax.Array,
+    stops: StopAutomaton | None,
+    constraint: TokenAutomaton | None,
+    *,
+    sp: SamplingParams,
+    stop_ids: tuple[int, ...],
+    pad_id: int,
+    extend_fn: Any,
+) -> GenerationResult:
+    """Prefill + decode for one turn. Pure; jit it with the keyword-only arguments static.
+
+    Args:
+      graphdef: model graph definition (static).
+      params: model parameters (``nnx.State``).
+      cache: KV cache with room for ``num_new + max_new`` more tokens per row.
+      tokens: ``[B, T]`` int32 new input tokens, right-padded.
+      num_new: ``[B]`` int32 valid columns of ``tokens`` per row (>= 1 for rows with ``max_new > 0``).
+      max_new: ``[B]`` int32 per-row generation limit, ``<= sp.max_new_tokens``; 0 = row is idle.
+      key: PRNG key; step ``i`` uses ``fold_in(key, i)``.
+      stops: stop-string detector or None.
+      constraint: token automaton or None; every row starts in its state 0.
+      sp: sampling settings (static; ``sp.max_new_tokens`` is the buffer length ``N``).
+      stop_ids: token ids that end a row (static).
+      pad_id: filler for unused output slots (static).
+      extend_fn: the model's ``extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)`` (static).
+    Returns:
+      A :class:`GenerationResult` with device arrays and the updated cache.
+    """
+    B = tokens.shape[0]
+    N = sp.max_new_tokens
+    stop_arr = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+    logits, cache = extend_fn(graphdef, params, cache, tokens, num_new)
+    # Logits of each row's last valid input column: the distribution of its first new token.
+    last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
+    first_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+    def emit(c, step_logits):
+        """Selects the token at position c['step'] for every row and updates the per-row bookkeeping."""
+        active = ~c["done"]
+        allowed = None if constraint is None else constraint.allowed[c["cstate"]]  # [B, V]
+        tok, lp = select_tokens(step_logits, jax.random.fold_in(key, c["step"]), sp, allowed)
+        tok = jnp.where(active, tok, pad_id)
+        col = c["step"]
+        out_tok = jax.lax.dynamic_update_slice(c["out_tok"], tok[:, None], (0, col))
+        out_lp = jax.lax.dynamic_update_slice(c["out_lp"], jnp.where(active, lp, 0.0)[:, None], (0, col))
+        lengths = c["lengths"] + active.astype(jnp.int32)
+        is_stop = jnp.isin(tok, stop_arr)
+        cstate, sstate = c["cstate"], c["sstate"]
+        if constraint is not None:
+            cstate = jnp.where(active, constraint.next_state[cstate, tok], cstate)
+        if stops is not None:
+            is_stop = is_stop | stops.hit[sstate, tok]
+            sstate = jnp.where(active, stops.next_state[sstate, tok], sstate)
+        end_stop = active & is_stop
+        end_len = active & ~is_stop & (lengths >= max_new)
+        finish = jnp.where(end_stop, FINISH_STOP, jnp.where(end_len, FINISH_LENGTH, c["finish"]))
+        return dict(
+            step=col + 1,
+            tok=tok,
+            cache=c["cache"],
+            out_tok=out_tok,
+            out_lp=out_lp,
+            lengths=lengths,
+            done=c["done"] | end_stop | end_len,
+            finish=finish,
+            cstate=cstate,
+            sstate=sstate,
+        )
+
+    idle = max_new <= 0
+    carry = dict(
+        step=jnp.int32(0),
+        tok=jnp.full((B,), pad_id, jnp.int32),
+        cache=cache,
+        out_tok=jnp.full((B, N), pad_id, jnp.int32),
+        out_lp=jnp.zeros((B, N), jnp.float32),
+        lengths=jnp.zeros((B,), jnp.int32),
+        done=idle,
+        finish=jnp.where(idle, FINISH_LENGTH, FINISH_STOP).astype(jnp.int32),
+        cstate=jnp.zeros((B,), jnp.int32),
+        sstate=jnp.zeros((B,), jnp.int32),
+    )
+    carry = emit(carry, first_logits)
+
+    def cond(c):
+        return (c["step"] < N) & ~jnp.all(c["done"])
+
+    def body(c):
+        # Finished rows feed nothing (num_new = 0): their cache stays exactly prompt + generated tokens.
+        step_logits, new_cache = extend_fn(
+            graphdef, params, c["cache"], c["tok"][:, None], (~c["done"]).astype(jnp.int32)
+        )
+        return emit(dict(c, cache=new_cache), step_logits[:, 0].astype(jnp.float32))
+
+    carry = jax.lax.while_loop(cond, body, carry)
+    return GenerationResult(
+        tokens=carry["out_tok"],
+        lengths=carry["lengths"],
+        finish_reason=carry["finish"],
+        logprobs=carry["out_lp"],
+        cache=carry["cache"],
+        steps=carry["step"],
+    )
+
+
+def make_decode_fn(extend_fn: Any, wrap: Any = None):
+    """``jax.jit`` of :func:`decode` for one model's ``extend``; the cache argument is donated.
+
+    Args:
+      extend_fn: the model's ``extend``.
+      wrap: optional decorator applied before jit (tests pass ``chex.assert_max_traces(n=...)``).
+    Returns:
+      ``fn(graphdef, params, cache, tokens, num_new, max_new, key, stops, constraint, *, sp, stop_ids, pad_id)``.
+    """
+
+    def fn(
+        graphdef, params, cache, tokens, num_new, max_new, key, stops, constraint, *, sp, stop_ids, pad_id
+    ):
+        return decode(
+            graphdef,
+            params,
+            cache,
+            tokens,
+            num_new,
+            max_new,
+            key,
+            stops,
+            constraint,
+            sp=sp,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            extend_fn=extend_fn,
+        )
+
+    if wrap is not None:
+        fn = wrap(fn)
+    return jax.jit(fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id"), donate_argnums=(2,))
