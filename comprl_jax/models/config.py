@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any
 
 ARCHS = ("qwen2", "qwen3", "llama")
@@ -40,8 +42,33 @@ _IGNORED_KEYS = frozenset(
         "tokenizer_class",
         "model_name",
         "name_or_path",
+        "transformers.js_config",
     }
 )
+
+
+# The shipped real configs (configs/models/*.json at the repository root).
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "models")
+ALIASES = {"qwen3-4b": "qwen3-4b-thinking-2507", "qwen2.5-7b": "qwen2.5-7b-instruct"}
+
+
+def hf_config_dict(name_or_path: str) -> dict:
+    """The ``config.json`` dict of a shipped model (``configs/models/<name>.json``), a json file, or a HF folder."""
+    path = name_or_path
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    elif not os.path.exists(path):
+        path = os.path.join(CONFIG_DIR, ALIASES.get(name_or_path, name_or_path) + ".json")
+    if not os.path.exists(path):
+        known = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
+        raise FileNotFoundError(f"model config {name_or_path!r} is neither a file/folder nor one of {known}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def named_config(name_or_path: str, **overrides) -> ModelConfig:
+    """``ModelConfig`` of a shipped model name (e.g. "qwen2.5-7b-instruct"), a config.json path or a HF folder."""
+    return ModelConfig.from_hf_config(hf_config_dict(name_or_path), **overrides)
 
 
 def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
@@ -49,6 +76,7 @@ def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
     params = d.get("rope_parameters")
     scaling = d.get("rope_scaling")
     theta = d.get("rope_theta")
+    key = "rope_parameters" if params is not None else "rope_scaling"
     if params is not None:
         if not isinstance(params, dict):
             raise ValueError(f"config key 'rope_parameters' must be a dict, got {params!r}")
@@ -61,16 +89,18 @@ def _rope_from_hf(d: dict) -> tuple[float, tuple | None]:
     if scaling is None:
         return theta, None
     if not isinstance(scaling, dict):
-        raise ValueError(f"config key 'rope_scaling' must be a dict or null, got {scaling!r}")
+        raise ValueError(f"config key {key!r} must be a dict or null, got {scaling!r}")
     scaling = dict(scaling)
     kind = scaling.pop("rope_type", scaling.pop("type", None))
     if kind == "default":
         return theta, None
     if kind not in ROPE_TYPES:
-        raise ValueError(f"config key 'rope_scaling' has unsupported type {kind!r}; supported: {ROPE_TYPES}")
+        raise ValueError(
+            f"config key {key!r} has unsupported rope_scaling type {kind!r}; supported: {ROPE_TYPES}"
+        )
     scaling.pop("rope_theta", None)
     if "factor" not in scaling:
-        raise ValueError(f"config key 'rope_scaling' ({kind}) needs a 'factor'")
+        raise ValueError(f"config key {key!r} ({kind}) needs a 'factor'")
     items = tuple(sorted({**scaling, "rope_type": kind}.items()))
     return theta, items
 
