@@ -137,8 +137,11 @@ class ExperienceBank:
         prompt: str = "",
         response: str = "",
         kind: str = "distill",
+        evict: bool = True,
     ) -> int:
-        """Adds one entry (no validation beyond the vector shape) and evicts the oldest past capacity."""
+        """Adds one entry (no validation beyond the vector shape) and, unless ``evict=False``, evicts the oldest
+        entries past capacity (``apply_ops`` defers eviction to the end so an add cannot evict a later op's target).
+        """
         vec = np.asarray(vec, np.float32).reshape(-1)
         if vec.shape != (self.dim,):
             raise ValueError(f"embedding for task {task_id!r} has shape {vec.shape}, expected ({self.dim},)")
@@ -163,9 +166,14 @@ class ExperienceBank:
             }
         )
         self.counts[f"added_{kind}"] += 1
+        if evict:
+            self.evict()
+        return uid
+
+    def evict(self) -> None:
+        """FIFO: removes the oldest entries while the bank is over capacity."""
         while len(self.entries) > self.cfg.capacity:
             self.remove(next(iter(self.entries)), "fifo")
-        return uid
 
     def remove(self, uid: int, reason: str) -> None:
         entry = self.entries.pop(uid)
@@ -253,8 +261,10 @@ class ExperienceBank:
                     prompt=prompt,
                     response=response,
                     kind=kind,
+                    evict=False,
                 )
             )
+        self.evict()
         for r, c in rejected.items():
             self.counts[f"rejected_{r}"] += c
         return ApplyResult(added, removed, rejected)
@@ -313,10 +323,14 @@ class ExperienceBank:
                     prompt=rec["prompt"],
                     response=rec["response"],
                     kind=rec["kind"],
+                    evict=False,  # evictions are replayed from their own "remove" records, in logged order
                 )
             elif op == "remove":
-                if rec["uid"] in self.entries:  # FIFO evictions were already replayed by add()
-                    self.remove(rec["uid"], rec["reason"])
+                if rec["uid"] not in self.entries:
+                    raise ValueError(
+                        f"op log out of sync: record seq {rec.get('seq')} removes unknown uid {rec['uid']}"
+                    )
+                self.remove(rec["uid"], rec["reason"])
             elif op == "touch":
                 self.touch(rec["uids"], rec["now"])
             elif op == "train":

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 
 MEMORY_RE = re.compile(r"^\s*<title>(.+?)</title>\s*<content>(.+?)</content>\s*$", re.DOTALL)
-_ANSWER_RE = re.compile(r"^\s*<answer>(.*)</answer>\s*$", re.DOTALL)
+_ANSWER_RE = re.compile(r"\s*<answer>(.*)</answer>\s*$", re.DOTALL)  # used with match(text, pos)
 _THINK_END = "</think>"
 FUNCTIONS = ("add", "update", "return")
 
@@ -122,20 +122,30 @@ def refine_prompt(question: str, situation: str, hits: Sequence[str]) -> str:
     )
 
 
-def _strip_think(text: str) -> tuple[str, str | None]:
-    # Thinking models often get "<think>" from the chat template, so only the closing tag is required.
-    cut = text.rfind(_THINK_END)
-    if cut < 0:
-        return text, None
-    think = text[:cut]
-    start = think.find("<think>")
-    return text[cut + len(_THINK_END) :], think[start + 7 :] if start >= 0 else think
+def _split_answer(text: str) -> tuple[re.Match | None, str | None]:
+    """Finds the answer block: the text after the first ``</think>`` that leaves exactly ``<answer>…</answer>``.
+
+    Trying each ``</think>`` in order (rather than only the last) keeps a literal "</think>" inside the answer JSON
+    from hiding the answer. Thinking models often get "<think>" from the chat template, so only the closing tag is
+    required.
+    """
+    cuts, pos = [0], text.find(_THINK_END)
+    while pos >= 0 and len(cuts) <= 4:  # bounded: each try is a linear regex scan of untrusted text
+        cuts.append(pos + len(_THINK_END))
+        pos = text.find(_THINK_END, pos + 1)
+    for cut in cuts:
+        m = _ANSWER_RE.match(text, cut)
+        if m:
+            think = text[: cut - len(_THINK_END)] if cut else None
+            if think is not None and "<think>" in think:
+                think = think[think.find("<think>") + 7 :]
+            return m, think
+    return None, None
 
 
 def parse_refine(text: str) -> str | None:
     """The refined answer of a search-and-ask call, or None when the output has no ``<answer>…</answer>``."""
-    body, _ = _strip_think(text or "")
-    m = _ANSWER_RE.match(body)
+    m, _ = _split_answer(text or "")
     if not m or not m.group(1).strip():
         return None
     return m.group(1).strip()
@@ -168,8 +178,7 @@ def parse_ops(text: str, num_previous: int, max_chars: int) -> ParseResult:
     if not isinstance(text, str):
         rejected["unparsable"] += 1
         return ParseResult([], rejected)
-    body, think = _strip_think(text)
-    m = _ANSWER_RE.match(body)
+    m, think = _split_answer(text)
     if not m:
         rejected["unparsable"] += 1
         return ParseResult([], rejected, think)

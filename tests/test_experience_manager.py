@@ -1,0 +1,234 @@
+"""ExperienceManager under concurrency, and save -> new process -> restore equality."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+from test_experience_helpers import DIM, FakeClock, add, answer, hash_embed, mem, update
+
+from comprl_jax.experience import (
+    BankConfig,
+    BufferConfig,
+    DistillRequest,
+    ExperienceManager,
+    IndexConfig,
+    RetrievalConfig,
+)
+
+WORDS = ["key", "door", "stairs", "east", "west", "box", "lava", "shop", "red", "blue", "apple", "fridge"]
+
+
+def _lesson(rng):
+    return mem(rng.choice(WORDS), " ".join(rng.choice(WORDS) for _ in range(4)))
+
+
+class Extractor:
+    """Plain-callable extractor: random add/update/return/garbage outputs; tallies the op items it emits."""
+
+    def __init__(self, seed):
+        self.rng, self.items, self.lock = random.Random(seed), 0, threading.Lock()
+
+    def __call__(self, prompts):
+        out = []
+        with self.lock:
+            for p in prompts:
+                n_prev = p.count("\n[")
+                ops = [
+                    self.rng.choice(
+                        [
+                            add(_lesson(self.rng)),
+                            update([self.rng.randint(1, 6)], _lesson(self.rng)),
+                            {"function_name": "return"},
+                        ]
+                    )
+                    for _ in range(self.rng.randint(1, 3))
+                ]
+                if "Merge the lessons" in p:
+                    ops = (
+                        [add(_lesson(self.rng))] if self.rng.random() < 0.7 else [{"function_name": "return"}]
+                    )
+                    out.append(answer(*ops))
+                    continue
+                if self.rng.random() < 0.1:
+                    out.append("garbage")
+                    self.items += 1
+                else:
+                    out.append(answer(*ops))
+                    self.items += len(ops)
+                del n_prev
+        return out
+
+
+def test_concurrent_readers_writers_and_merges():
+    ext = Extractor(0)
+    m = ExperienceManager(
+        hash_embed,
+        DIM,
+        ext,
+        bank_cfg=BankConfig(
+            capacity=400, index=IndexConfig(scann_min_size=150, rebuild_fraction=0.2, background=True)
+        ),
+        buffer_cfg=BufferConfig(batch_size=16),
+        retrieval_cfg=RetrievalConfig(top_k=2),
+    )
+    stop = threading.Event()
+    errors, submitted, searches = [], [0] * 8, [0] * 8
+
+    def writer(i):
+        rng = random.Random(100 + i)
+        try:
+            while not stop.is_set():
+                task = rng.choice("ab")
+                r = rng.random()
+                if r < 0.45:
+                    shown = m.previous_lessons(task, rng.choice(WORDS))
+                    ops = [add(_lesson(rng)) for _ in range(rng.randint(1, 3))] + [
+                        update([rng.randint(1, 6)], _lesson(rng))
+                    ]
+                    m.apply_output(task, answer(*ops), shown, step=0, prompt="p")
+                    submitted[i] += len(ops)
+                elif r < 0.75:
+                    m.submit_distill(
+                        DistillRequest(task, "goal", rng.random() < 0.5, "traj", rng.choice(WORDS))
+                    )
+                else:
+                    hit = m.search([rng.choice(WORDS)], [task])[0]
+                    m.record_outcome(hit.uids, rng.random() < 0.5)
+                    b = m.pop_extractor_batch(step=rng.randint(0, 5))
+                    if b is not None:
+                        m.mark_trained(b, b.step)
+        except Exception:  # noqa: BLE001
+            errors.append(traceback.format_exc())
+
+    def reader(i):
+        rng = random.Random(200 + i)
+        try:
+            while not stop.is_set():
+                qs = [" ".join(rng.choice(WORDS) for _ in range(2)) for _ in range(rng.randint(1, 4))]
+                ts = [rng.choice("ab") for _ in qs]
+                for t, r in zip(ts, m.search(qs, ts), strict=True):
+                    assert len(r.uids) <= 2
+                    with m.lock.read():
+                        assert all(m.bank.entries[u].task_id == t for u in r.uids if u in m.bank.entries)
+                searches[i] += len(qs)
+        except Exception:  # noqa: BLE001
+            errors.append(traceback.format_exc())
+
+    def merger():
+        step = 0
+        while not stop.wait(1.5):
+            step += 5
+            try:
+                m.merge(step)
+            except Exception:  # noqa: BLE001
+                errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in range(8)] + [
+        threading.Thread(target=merger)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(10)
+    stop.set()
+    for t in threads:
+        t.join()
+    m.drain(timeout=60)
+    m.close()
+    assert errors == [] and m.errors == []
+    m.bank.wait_for_builds()
+    m.check_invariants()
+    c = m.counts
+    assert c["ops_submitted"] == sum(submitted) + ext.items
+    assert c["ops_submitted"] == c["ops_applied"] + c["ops_returned"] + c["ops_rejected"]
+    assert c["merge_chunks"] > 0 and sum(searches) > 100 and c["ops_applied"] > 100
+    assert sum(ix.num_builds for ix in m.bank.indexes.values()) > 0  # ScaNN was rebuilt in the background
+
+
+# -- persistence ----------------------------------------------------------------------------------
+QUERIES = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3)) for i in range(40)]
+
+
+def _make(clock):
+    return ExperienceManager(
+        hash_embed,
+        DIM,
+        None,
+        clock=clock,
+        start_threads=False,
+        bank_cfg=BankConfig(index=IndexConfig(scann_min_size=300, background=False)),
+        buffer_cfg=BufferConfig(batch_size=8),
+        retrieval_cfg=RetrievalConfig(top_k=2),
+    )
+
+
+def _state(m):
+    entries = [{k: v for k, v in vars(e).items()} for e in m.bank.entries.values()]
+    return {
+        "entries": entries,
+        "buffer": m.buffer.state_dict(),
+        "counts": dict(m.counts),
+        "next_uid": m.bank.next_uid,
+        "op_log_len": len(m.bank.op_log),
+        "vectors": np.stack([m.bank.vector(u) for u in m.bank.entries]).round(6).tolist(),
+    }
+
+
+def _answers(m, clock):
+    out = []
+    for i in range(0, len(QUERIES), 8):
+        clock.t += 50.0
+        out += [r.uids for r in m.search_sync(QUERIES[i : i + 8], ["a" if i % 16 else "b"] * 8)]
+    return out
+
+
+def restore_and_answer(path, t):  # runs in the child process
+    clock = FakeClock(t)
+    m = _make(clock)
+    m.load(path)
+    state = _state(m)
+    print(json.dumps({"state": state, "answers": _answers(m, clock)}))
+
+
+def test_save_restore_in_new_process_answers_identically(tmp_path):
+    clock = FakeClock()
+    m = _make(clock)
+    rng = random.Random(0)
+    for i in range(500):
+        task = "a" if i % 5 else "b"
+        m.apply_output(task, answer(add(_lesson(rng))), [], step=i, prompt=f"p{i}")
+    m.apply_output("a", answer(update([1, 2], _lesson(rng))), m.bank.partition("a")[:2], step=9)
+    assert m.bank.indexes["a"].built is not None  # the restore must reload the ScaNN searcher, not rebuild it
+    for i in range(30):
+        hit = m.search_sync([QUERIES[i]], ["a"])[0]
+        m.record_outcome(hit.uids, i % 3 == 0)
+        clock.t += 7.0
+    b = m.pop_extractor_batch(step=1)
+    m.mark_trained(b, 1)
+    path = str(tmp_path / "store")
+    m.save(path)
+    m.save(path)  # overwriting an existing store is atomic too
+    assert sorted(os.listdir(tmp_path)) == ["store"]
+    live_state = json.loads(json.dumps(_state(m)))
+    live = _answers(m, clock)
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import test_experience_manager as t; "
+        f"t.restore_and_answer({path!r}, {FakeClock().t + 210.0!r})"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        check=True,
+    )
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    assert child["state"] == live_state
+    assert child["answers"] == live
