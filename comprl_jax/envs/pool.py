@@ -67,7 +67,8 @@ def execute(envs: dict, entry_point: str, kwargs: dict, op: str, slot: int, arg:
                 try:
                     if env is None:
                         env = envs[slot] = registry.make_from_entry_point(entry_point, **kwargs)
-                    return _jsonable(list(env.reset(seed=arg)))
+                    obs, info = env.reset(seed=arg)
+                    return [str(obs), _jsonable(info)]
                 except Exception as e:  # noqa: BLE001 - env faults are data here
                     _drop(envs, slot)
                     if attempt:
@@ -79,7 +80,9 @@ def execute(envs: dict, entry_point: str, kwargs: dict, op: str, slot: int, arg:
                     op, f"no live env in slot {slot} (its worker restarted after a fault); reset it"
                 )
             try:
-                return _jsonable(list(env.step(arg)))
+                obs, reward, term, trunc, info = env.step(arg)
+                # Only the info dict can hold non-JSON values (numpy scalars...); the rest is cast directly.
+                return [str(obs), float(reward), bool(term), bool(trunc), _jsonable(info)]
             except Exception as e:  # noqa: BLE001
                 _drop(envs, slot)
                 return failure(op, f"step raised {type(e).__name__}: {e}")

@@ -1,0 +1,142 @@
+"""Env throughput: one env stepped sequentially vs the async EnvPool. One JSON line per config.
+
+COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--only MiniHack]
+
+Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "seq_steps_s", "pool_steps_s",
+"ratio"}. Both sides play the same random policy over the env's admissible actions (resets included in the
+time). The pool side keeps every slot busy by submitting a slot's next step from the previous step's
+completion callback, so it measures env throughput, not a driver loop. To add an env (e.g. ALFWorld with the
+process backend), append a ``bench_env(...)`` call to ``CONFIGS`` or call it from your own script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from comprl_jax.envs import make  # noqa: E402
+from comprl_jax.envs.pool import EnvPool  # noqa: E402
+
+CONFIGS = [
+    # (env_id, backend, workers, env_kwargs)
+    ("comprl/MiniHack-Room-Ultimate-5x5-v0", "thread", 2, {}),
+    ("comprl/MiniHack-Room-Ultimate-5x5-v0", "process", 2, {}),
+    ("comprl/MiniHack-Room-5x5-v0", "thread", 2, {}),
+    ("comprl/Sokoban-6x6-2-v0", "thread", 2, {}),
+]
+
+
+def _pick(rng: random.Random, info: dict) -> str:
+    actions = info.get("admissible_actions") or ["north"]
+    return f"<answer>{rng.choice(actions)}</answer>"
+
+
+def sequential_steps_per_s(env_id: str, steps: int, env_kwargs: dict) -> float:
+    env = make(env_id, **env_kwargs)
+    rng = random.Random(0)
+    seed = 0
+    _, info = env.reset(seed=seed)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, term, trunc, step_info = env.step(_pick(rng, info))
+        if term or trunc:
+            seed += 1
+            _, info = env.reset(seed=seed)
+    return steps / (time.perf_counter() - start)
+
+
+def pool_steps_per_s(
+    env_id: str, backend: str, workers: int, slots: int, steps: int, env_kwargs: dict
+) -> float:
+    with EnvPool(
+        env_id, num_slots=slots, num_workers=workers, backend=backend, env_kwargs=env_kwargs
+    ) as pool:
+        infos = [
+            f.result()[1] for f in [pool.submit_reset(s, s) for s in range(slots)]
+        ]  # warm-up: builds envs
+        lock, finished = threading.Lock(), threading.Event()
+        state = {"done": 0, "live": slots, "seed": slots}
+        rngs = [random.Random(s) for s in range(slots)]
+
+        def retire() -> None:
+            state["live"] -= 1
+            if state["live"] == 0:
+                finished.set()
+
+        def on_step(slot: int, fut) -> None:
+            _, _, term, trunc, _ = fut.result()
+            with lock:
+                state["done"] += 1
+                if state["done"] + state["live"] > steps:  # enough steps are in flight or done
+                    retire()
+                    return
+                seed = None
+                if term or trunc:
+                    seed = state["seed"]
+                    state["seed"] += 1
+            if seed is None:
+                pool.submit_step(slot, _pick(rngs[slot], infos[slot])).add_done_callback(
+                    lambda f: on_step(slot, f)
+                )
+            else:
+                pool.submit_reset(slot, seed).add_done_callback(lambda f: on_reset(slot, f))
+
+        def on_reset(slot: int, fut) -> None:
+            infos[slot] = fut.result()[1]
+            pool.submit_step(slot, _pick(rngs[slot], infos[slot])).add_done_callback(
+                lambda f: on_step(slot, f)
+            )
+
+        start = time.perf_counter()
+        for s in range(slots):
+            pool.submit_step(s, _pick(rngs[s], infos[s])).add_done_callback(lambda f, s=s: on_step(s, f))
+        finished.wait()
+        elapsed = time.perf_counter() - start
+        return state["done"] / elapsed
+
+
+def bench_env(
+    env_id: str,
+    backend: str,
+    workers: int,
+    steps: int,
+    slots: int | None = None,
+    env_kwargs: dict | None = None,
+) -> dict:
+    """Measures one config and returns its JSON-able record (also what other env owners call)."""
+    env_kwargs = env_kwargs or {}
+    slots = slots or 4 * workers
+    seq = sequential_steps_per_s(env_id, steps, env_kwargs)
+    par = pool_steps_per_s(env_id, backend, workers, slots, steps, env_kwargs)
+    return {
+        "bench": "envs",
+        "env": env_id,
+        "backend": backend,
+        "workers": workers,
+        "slots": slots,
+        "steps": steps,
+        "seq_steps_s": round(seq, 1),
+        "pool_steps_s": round(par, 1),
+        "ratio": round(par / seq, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--only", default="", help="substring filter on env ids")
+    args = parser.parse_args()
+    for env_id, backend, workers, kwargs in CONFIGS:
+        if args.only in env_id:
+            print(json.dumps(bench_env(env_id, backend, workers, args.steps, env_kwargs=kwargs)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
