@@ -1,0 +1,207 @@
+"""Generation throughput: our jitted KV-cache sampler vs HF ``transformers.generate`` (torch CPU), same weights.
+
+COMMAND (CPU, ~5-10 min on 2 shared cores)::
+
+    .venv/bin/python launch/bench/sampling.py                       # tiny + small + multi-turn
+    .venv/bin/python launch/bench/sampling.py --configs=tiny --no_hf  # ours only
+    .venv/bin/python launch/bench/sampling.py --configs=qwen3_0.6b --no_hf   # on a GPU host
+
+Prints one JSON object per line, e.g.
+``{"bench": "sampling", "config": "tiny", "ours_tok_s": ..., "hf_tok_s": ..., "ratio": ..., "greedy_rows_equal": 32, ...}``
+and ``{"bench": "sampling_multiturn", "turns": 5, "cached_s": ..., "reprefill_s": ..., "speedup": ...}``.
+Both sides run greedy for exactly ``new`` tokens (no EOS) from random-weight Qwen3 models; the greedy tokens are
+compared row by row (a row that differs is reported with the HF top-2 logit gap at the first difference: random
+weights give near-ties where fp32 summation order decides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from comprl_jax.models import ModelConfig, init_decoder, save_hf
+from comprl_jax.sampling import SamplerService, SamplingParams
+
+CONFIGS = {
+    # name: (model overrides, batch, prompt, new)
+    "tiny": (
+        dict(num_layers=4, hidden_size=256, intermediate_size=768, num_heads=4, num_kv_heads=2, head_dim=64),
+        32,
+        128,
+        128,
+    ),
+    "small": (
+        dict(
+            num_layers=8, hidden_size=1024, intermediate_size=3072, num_heads=16, num_kv_heads=8, head_dim=64
+        ),
+        8,
+        128,
+        128,
+    ),
+    "qwen3_0.6b": (
+        dict(
+            num_layers=28,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_heads=16,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+        64,
+        128,
+        128,
+    ),
+}
+
+
+def _model(name: str, vocab: int):
+    over, batch, prompt, new = CONFIGS[name]
+    over = {"vocab_size": vocab, "max_position_embeddings": 4096, **over}
+    cfg = ModelConfig.tiny("qwen3", **over)
+    return cfg, *init_decoder(cfg, seed=0), batch, prompt, new
+
+
+def _time(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
+    cfg, graphdef, params, batch, prompt, new = _model(name, vocab)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
+    prompts = np.random.default_rng(0).integers(2, cfg.vocab_size, size=(batch, prompt))
+    sp = SamplingParams(max_new_tokens=new, greedy=True)
+    key = jax.random.key(0)
+    ours = svc.generate(prompts.tolist(), key, sp)  # compile
+    t_ours = _time(lambda: svc.generate(prompts.tolist(), key, sp), repeats)
+    row = {
+        "bench": "sampling",
+        "config": name,
+        "batch": batch,
+        "prompt": prompt,
+        "new": new,
+        "vocab": cfg.vocab_size,
+        "layers": cfg.num_layers,
+        "d_model": cfg.hidden_size,
+        "ours_s": round(t_ours, 3),
+        "ours_tok_s": round(batch * new / t_ours, 1),
+        "backend": jax.default_backend(),
+    }
+    if not hf:
+        return row
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as d:
+        save_hf(d, cfg, params)
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    inp = torch.tensor(prompts)
+    gen = dict(
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    with torch.no_grad():
+        model.generate(inp[:, :16], max_new_tokens=4, do_sample=False)  # warm-up
+        out = {}
+
+        def run_hf():
+            out["r"] = model.generate(inp, **gen)
+
+        t_hf = _time(run_hf, 1)
+    hf_tok = out["r"].sequences[:, prompt:].numpy()
+    equal = (hf_tok == ours.tokens).all(axis=1)
+    gaps = []
+    for b in np.flatnonzero(~equal):
+        i = int(np.argmax(hf_tok[b] != ours.tokens[b]))
+        top2 = torch.topk(out["r"].scores[i][b], 2).values
+        gaps.append(round(float(top2[0] - top2[1]), 6))
+    row.update(
+        hf_s=round(t_hf, 3),
+        hf_tok_s=round(batch * new / t_hf, 1),
+        ratio=round(t_hf / t_ours, 2),
+        greedy_rows_equal=int(equal.sum()),
+        greedy_top2_gap_at_first_diff=gaps,
+        torch_threads=torch.get_num_threads(),
+    )
+    return row
+
+
+def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
+    """5 turns of (observation, reply): live cache + incremental prefill vs re-prefilling the whole context."""
+    cfg, graphdef, params, batch, prompt, _ = _model("tiny", 4096)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
+    rng = np.random.default_rng(1)
+    first = rng.integers(2, cfg.vocab_size, size=(batch, prompt)).tolist()
+    obs_tok = [rng.integers(2, cfg.vocab_size, size=(batch, obs)).tolist() for _ in range(turns - 1)]
+    sp = SamplingParams(max_new_tokens=new, greedy=True)
+    max_len = prompt + turns * (obs + new)
+
+    def cached():
+        conv = svc.conversation(batch, max_len)
+        for t in range(turns):
+            conv.turn(first if t == 0 else obs_tok[t - 1], jax.random.key(t), sp)
+        return conv
+
+    def reprefill():
+        ctx = [list(p) for p in first]
+        for t in range(turns):
+            if t:
+                ctx = [c + o for c, o in zip(ctx, obs_tok[t - 1], strict=True)]
+            res = svc.generate(ctx, jax.random.key(t), sp)
+            ctx = [c + res.tokens[b].tolist() for b, c in enumerate(ctx)]
+        return ctx
+
+    conv = cached()  # compile every bucket of both paths once
+    ctx = reprefill()
+    same = all(conv.tokens(b)[0] == ctx[b] for b in range(batch))
+    t_c = _time(cached, 1)
+    t_r = _time(reprefill, 1)
+    return {
+        "bench": "sampling_multiturn",
+        "config": "tiny",
+        "batch": batch,
+        "turns": turns,
+        "obs": obs,
+        "new": new,
+        "cached_s": round(t_c, 3),
+        "reprefill_s": round(t_r, 3),
+        "speedup": round(t_r / t_c, 2),
+        "same_tokens": same,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="tiny,small")
+    ap.add_argument("--vocab", type=int, default=4096, help="vocab size of the tiny/small models")
+    ap.add_argument("--no_hf", action="store_true")
+    ap.add_argument("--no_multiturn", action="store_true")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in args.configs.split(","):
+        print(json.dumps(bench_one(name, args.vocab, not args.no_hf, args.repeats)), flush=True)
+    if not args.no_multiturn:
+        print(json.dumps(bench_multiturn()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
