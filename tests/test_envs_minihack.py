@@ -136,6 +136,14 @@ def make_first(env, seed):
     return env.reset(seed=seed)[0]
 
 
+def test_extra_actions_extend_the_level_action_set():
+    env = make(ROOM, extra_actions=("wait", "search"))
+    assert env.actions == (*DIRECTIONS, "wait", "search")
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("<answer>search</answer>")
+    assert not info["invalid_action"] and info["action"] == "search"
+
+
 def test_info_invalid_actions_and_truncation():
     env = make(ROOM, max_turns=3)
     obs, info = env.reset(seed=0)

@@ -175,9 +175,7 @@ class _ThreadWorker:
 
     def close(self, wait_s: float) -> None:
         self.queue.put(_SENTINEL)
-        end = time.monotonic() + wait_s
-        for t in self._threads:
-            t.join(max(0.0, end - time.monotonic()))
+        self._threads[-1].join(wait_s)  # abandoned (hung) threads are daemons: not waited for
         with self._lock:
             busy = self._current is not None
         if not busy:  # never close an env a stuck thread may still be inside
