@@ -130,3 +130,16 @@ def test_missing_data_names_the_path(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRL_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="json_2.1.1_game.tw-pddl.tar.xz"):
         data_paths.data_file("alfworld", alfworld_data.TARBALL)
+
+
+def test_alfworld_package_loader_accepts_unpacked_games(root):
+    """alfworld's own AlfredTWEnv.collect_game_files finds every valid_unseen game through our traj_data.json."""
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+    config = {
+        "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6]},
+        "dataset": {"eval_ood_data_path": str(root / "json_2.1.1" / "valid_unseen"), "num_eval_games": -1},
+    }
+    loader = AlfredTWEnv(config, train_eval="eval_out_of_distribution")
+    assert sorted(loader.game_files) == [str(g) for g in alfworld_data.list_games(root, "valid_unseen")]
+    assert ALFWorldEnv(split="eval").split == "valid_unseen"

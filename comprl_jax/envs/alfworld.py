@@ -25,6 +25,8 @@ from comprl_jax.envs.base import TextEnv
 
 _BANNER_RE = re.compile(r"^\s*-= Welcome to TextWorld, ALFRED! =-\s*")
 _GOAL_RE = re.compile(r"Your task is to:\s*(.+)")
+# "eval" is the paper's held-out set, so configs can say split="eval" for every env.
+SPLIT_ALIASES = {"eval": "valid_unseen"}
 _PERMUTATION_SEED = 20240417  # fixed: the seed -> game map must never change between runs
 
 SYSTEM_PROMPT = """You are an agent in a household (ALFWorld, a text version of the ALFRED simulator). Each episode \
@@ -63,7 +65,8 @@ class ALFWorldEnv(TextEnv):
     """ALFWorld household tasks.
 
     Args:
-        split: "train" (3,553 games), "valid_seen" (140), "valid_unseen" (134, the paper's held-out set), "valid_train".
+        split: "train" (3,553 games), "valid_seen" (140), "valid_unseen" (134, the paper's held-out set; alias
+            "eval"), "valid_train" (200).
         max_turns: actions per episode before truncation (SPEC: 40).
         data_dir: a folder with ``alfworld/json_2.1.1_game.tw-pddl.tar.xz`` (offline copy) or an ALFWORLD_DATA-style
             root with ``json_2.1.1/``; default ``$ALFWORLD_DATA`` or the shared data (see ``alfworld_data``).
@@ -78,10 +81,10 @@ class ALFWorldEnv(TextEnv):
         show_admissible: bool = True,
     ):
         super().__init__(max_turns)
-        self.split = split
+        self.split = SPLIT_ALIASES.get(split, split)
         self.show_admissible = show_admissible
         self.root = alfworld_data.resolve_root(data_dir)
-        self.games = alfworld_data.list_games(self.root, split)
+        self.games = alfworld_data.list_games(self.root, self.split)
         self._order = np.random.default_rng(_PERMUTATION_SEED).permutation(len(self.games))
         self._tw = None
         self._admissible: list[str] = []
