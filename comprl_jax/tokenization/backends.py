@@ -51,17 +51,19 @@ class HFBackend:
     """A Hugging Face ``tokenizer.json`` (PyPI ``tokenizers``), byte-level BPE or SentencePiece-style (Metaspace).
 
     Args:
-      path: the ``tokenizer.json`` file.
+      path: the ``tokenizer.json`` file (or, with ``spec``, just a name for error messages).
+      spec: an already-parsed tokenizer.json dict (e.g. built from a GGUF file).
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, spec: dict | None = None):
         import tokenizers  # local: keeps ``import comprl_jax`` light
 
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"tokenizer file not found: {self.path}")
-        with open(self.path, encoding="utf-8") as f:
-            spec = json.load(f)
+        if spec is None:
+            if not os.path.isfile(self.path):
+                raise FileNotFoundError(f"tokenizer file not found: {self.path}")
+            with open(self.path, encoding="utf-8") as f:
+                spec = json.load(f)
         self._tk = tokenizers.Tokenizer.from_str(json.dumps(spec))
         # We add no BOS/EOS implicitly: chat templates place every special token themselves.
         self._tk.no_truncation()
