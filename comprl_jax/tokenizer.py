@@ -42,6 +42,8 @@ class Tokenizer:
       kind: ``"byte_level"`` | ``"metaspace"`` (HF files) | ``"sentencepiece"``.
       source: the file it was loaded from.
       default_system: system prompt inserted when a conversation has none (None: insert nothing).
+      generation_prefix: prompt text after the generation header ``<|im_start|>assistant\n`` (default ""; Qwen3
+        thinking models' templates use ``"<think>\n"``). Both are plain attributes, settable after loading.
     """
 
     def __init__(self, backend: HFBackend | SPBackend, *, default_system: str | None = None):
@@ -51,6 +53,7 @@ class Tokenizer:
         self.vocab_size = backend.vocab_size
         self.special_ids = dict(backend.special_ids)
         self.default_system = default_system
+        self.generation_prefix = ""
         missing = []
         for t in CHATML_TOKENS:
             if t not in self.special_ids:
@@ -186,10 +189,16 @@ class Tokenizer:
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         """The ChatML string of ``messages`` (equal to transformers' rendering of Qwen2.5's template)."""
-        parts = render_parts(
-            messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system
+        return render_text(self._parts(messages, add_generation_prompt))
+
+    def _parts(self, messages: Sequence[dict], add_generation_prompt: bool, after_assistant: bool = False):
+        return render_parts(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            default_system=None if after_assistant else self.default_system,
+            after_assistant=after_assistant,
+            generation_prefix=self.generation_prefix,
         )
-        return render_text(parts)
 
     def apply_chat_template(
         self, messages: Sequence[dict], add_generation_prompt: bool = False
@@ -205,10 +214,7 @@ class Tokenizer:
           ``(ids, assistant_mask)``, equal lengths; the mask is 1 exactly on assistant content and its closing
           ``<|im_end|>``.
         """
-        parts = render_parts(
-            messages, add_generation_prompt=add_generation_prompt, default_system=self.default_system
-        )
-        return self._encode_parts(parts)
+        return self._encode_parts(self._parts(messages, add_generation_prompt))
 
     def encode_chat_continuation(
         self, messages: Sequence[dict], add_generation_prompt: bool = True, close_turn: bool = False
@@ -226,8 +232,7 @@ class Tokenizer:
         Returns:
           ``(ids, assistant_mask)``.
         """
-        parts = render_parts(messages, add_generation_prompt=add_generation_prompt, after_assistant=True)
-        ids, mask = self._encode_parts(parts)
+        ids, mask = self._encode_parts(self._parts(messages, add_generation_prompt, after_assistant=True))
         if close_turn:
             ids, mask = [self.eos_id] + ids, [0] + mask
         return ids, mask

@@ -332,6 +332,18 @@ def test_continuation_appends_without_reencoding(tok):
     assert sum(cut_mask) == 0
 
 
+def test_generation_prefix_is_prompt_not_generated(tok):
+    """Qwen3 thinking templates open the generation with "<think>\n": part of the prompt, mask 0."""
+    tok.generation_prefix = "<think>\n"
+    try:
+        ids, mask = tok.apply_chat_template(THREE_TURNS[:2], add_generation_prompt=True)
+        assert tok.decode(ids).endswith("<|im_start|>assistant\n<think>\n") and sum(mask) == 0
+        more, more_mask = tok.encode_chat_continuation([{"role": "user", "content": "next"}])
+        assert tok.decode(more).endswith("<|im_start|>assistant\n<think>\n") and sum(more_mask) == 0
+    finally:
+        tok.generation_prefix = ""
+
+
 def test_bad_messages_name_the_index(tok):
     with pytest.raises(ValueError, match=r"messages\[1\].*'robot'"):
         tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
@@ -348,6 +360,13 @@ def test_sentencepiece_round_trips_1000_strings(sp_tok):
     assert sp_tok.vocab_size == 1000 and sp_tok.bos_id is None
     assert [sp_tok.special_ids[t] for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")] == [1, 2, 3]
     assert sp_tok.eos_id == 2 and sp_tok.pad_id == 3
+
+
+def test_train_rejects_too_small_vocab(tmp_path):
+    with pytest.raises(ValueError, match=r"vocab_size=100 is below"):
+        Tokenizer.train_sentencepiece(_goals(50), 100, tmp_path)
+    with pytest.raises(ValueError, match="model_type"):
+        Tokenizer.train_sentencepiece(_goals(50), 1000, tmp_path, model_type="word2")
 
 
 def test_char_level_one_token_per_map_character(tmp_path):

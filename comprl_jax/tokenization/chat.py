@@ -71,6 +71,7 @@ def render_parts(
     add_generation_prompt: bool = False,
     default_system: str | None = None,
     after_assistant: bool = False,
+    generation_prefix: str = "",
 ) -> list[Part]:
     """Render messages to parts.
 
@@ -81,6 +82,8 @@ def render_parts(
         "You are Qwen, ..."; None inserts nothing, as Qwen3 does).
       after_assistant: continuation mode: the parts follow a live context whose last token is an assistant's
         ``<|im_end|>``; so they start with the ``\n`` that closes that turn, and no default system is inserted.
+      generation_prefix: text the template puts after the generation prompt's header, as part of the prompt
+        (Qwen3 thinking models: ``"<think>\n"``); mask 0.
 
     Returns:
       The parts in order.
@@ -119,7 +122,7 @@ def render_parts(
         else:
             special(S), text(role + "\n" + content), special(E), text("\n")
     if add_generation_prompt:
-        special(S), text("assistant\n")
+        special(S), text("assistant\n" + generation_prefix)
     return parts
 
 

@@ -58,6 +58,11 @@ def train_sentencepiece(
     min_size = 4 + 256 + len(set("".join(corpus)))
     if model_type == "char":
         vocab_size = min_size  # soft limit below; char vocab = every character seen
+    elif vocab_size < min_size:
+        raise ValueError(
+            f"vocab_size={vocab_size} is below the {min_size} pieces this corpus needs (4 meta + 256 bytes + "
+            f"{min_size - 260} distinct characters)"
+        )
     os.makedirs(out_dir, exist_ok=True)
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
