@@ -9,6 +9,7 @@ from test_experience_helpers import DIM, FakeClock, add, answer, hash_embed, mem
 from comprl_jax.experience import (
     BankConfig,
     BufferConfig,
+    ExperienceBank,
     ExperienceManager,
     ExtractorBuffer,
     IndexConfig,
@@ -254,3 +255,26 @@ def test_partition_index_scann_matches_exact_and_masks_deletions():
     assert not np.isin(got_u, np.arange(0, 100, 3)).any()
     with pytest.raises(ValueError, match="increasing order"):
         ix.add(5, x[0])
+
+
+def test_op_log_replay_rebuilds_identical_bank_and_dedup():
+    m = _mgr(
+        bank_cfg=BankConfig(capacity=4, dedup_threshold=0.99, index=IndexConfig(scann_min_size=10**9)),
+        extractor_fn=lambda ps: [answer(add(mem("m", f"merged {len(p)}"))) for p in ps],
+    )
+    res = m.apply_output("a", answer(add(mem("a", "east")), add(mem("a", "east"))), [], step=0)
+    assert res.added == [0] and res.rejected == {"duplicate": 1}  # duplicates inside one op list too
+    res = m.apply_output("a", answer(add(mem("a", "east"))), [], step=0)
+    assert res.rejected == {"duplicate": 1}  # identical text -> cosine 1.0 >= 0.99 with a live entry
+    for i in range(5):
+        m.apply_output("ab"[i % 2], answer(add(mem(f"t{i}", f"word{i}"))), [], step=i)
+    m.search_sync(["word1", "word2"], ["b", "a"])
+    m.merge(step=5)
+    m.mark_trained(type("B", (), {"keys": ["entry:5"], "weights": np.ones(1)})(), 7)
+    fresh = ExperienceBank(DIM, m.bank.cfg)
+    fresh.replay(m.bank.op_log, hash_embed)
+    assert [vars(e) for e in fresh.entries.values()] == [vars(e) for e in m.bank.entries.values()]
+    assert fresh.op_log == m.bank.op_log
+    for u in m.bank.entries:
+        np.testing.assert_array_equal(fresh.vector(u), m.bank.vector(u))
+    fresh.check_invariants()

@@ -239,9 +239,16 @@ class ExperienceBank:
                 ):
                     rejected["stale_target"] += 1
                     continue
-            elif self.cfg.dedup_threshold is not None and task_id in self.indexes:
-                _, s = self.indexes[task_id].search(np.asarray(vec, np.float32)[None], 1)
-                if s[0, 0] >= self.cfg.dedup_threshold:
+            elif self.cfg.dedup_threshold is not None:
+                v = np.asarray(vec, np.float32)
+                best = -np.inf
+                if task_id in self.indexes:
+                    best = float(self.indexes[task_id].search(v[None], 1)[1][0, 0])
+                # Also against adds kept earlier in this same op list (not in the index yet).
+                best = max(
+                    [best] + [float(v @ np.asarray(w, np.float32)) for o, w in keep if o.function == "add"]
+                )
+                if best >= self.cfg.dedup_threshold:
                     rejected["duplicate"] += 1
                     continue
             keep.append((op, vec))
