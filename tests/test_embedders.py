@@ -79,7 +79,8 @@ def test_minilm_truncates_at_256_word_pieces(minilm):
 
 
 def test_minilm_batching_is_order_preserving_and_bucketed(minilm):
-    texts = [("word " * n).strip() for n in (3, 40, 1, 17, 9, 60, 2)]
+    # All in the T=16 bucket (few compiles): 5 rows padded to 8, various lengths inside the bucket.
+    texts = [("word " * n).strip() for n in (3, 12, 1, 9, 2)]
     together = minilm.embed(texts)
     alone = np.concatenate([minilm.embed([t]) for t in texts])
     np.testing.assert_allclose(together, alone, atol=2e-6)
