@@ -6,6 +6,7 @@
 import json
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_experience_helpers import DIM, FakeClock, hash_embed, mem
@@ -45,6 +46,7 @@ _fragments = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=5000, **FAST)
 @given(st.text(max_size=120))
 def test_parser_never_raises_on_text(text):
@@ -52,6 +54,7 @@ def test_parser_never_raises_on_text(text):
     assert len(r.ops) + r.num_returns + sum(r.rejected.values()) == r.num_items or r.num_items == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, **FAST)
 @given(st.lists(st.one_of(_fragments, st.text(max_size=4)), max_size=24))
 def test_parser_never_raises_on_tag_soup(parts):
@@ -82,6 +85,7 @@ _op = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, **FAST)
 @given(st.lists(_op, max_size=6), st.integers(0, 5))
 def test_parser_structured_ops_are_valid_or_counted(ops, num_previous):
@@ -140,6 +144,7 @@ def _merger(prompts):
     ]
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, **FAST)
 @given(st.lists(_action, max_size=8), st.sampled_from([None, 0.95]))
 def test_random_op_sequences_keep_invariants(actions, dedup):
