@@ -64,16 +64,20 @@ def test_overrides_cast_params(tiny, tmp_path):
     assert all(v.dtype == jax.numpy.bfloat16 for v in _values(p).values())
 
 
-def test_transformers_loads_our_files(tiny, tmp_path):
+@pytest.mark.parametrize("arch, tied", [("qwen2", False), ("qwen3", True)])
+def test_transformers_loads_our_files(arch, tied, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cfg, params = tiny
-    graphdef, _ = D.abstract_decoder(cfg)
+    cfg = ModelConfig.tiny(arch, tie_word_embeddings=tied)
+    graphdef, params = D.init_decoder(cfg, seed=2)
     save_hf(str(tmp_path), cfg, params, max_shard_bytes=50_000)
-    hf = transformers.Qwen2ForCausalLM.from_pretrained(str(tmp_path)).eval()
+    family = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[arch]
+    hf = family.from_pretrained(str(tmp_path)).eval()
+    assert (hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()) == tied
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 7)).astype(np.int32)
     pos = np.broadcast_to(np.arange(7, dtype=np.int32), (2, 7))
-    ours = np.asarray(D.forward(graphdef, params, tokens, pos, np.ones((2, 7), bool)))
+    fwd = jax.jit(D.forward, static_argnums=0)
+    ours = np.asarray(fwd(graphdef, params, tokens, pos, np.ones((2, 7), bool)))
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(ours, ref, atol=1e-4)
