@@ -147,33 +147,23 @@ def test_bert_folder_errors_name_file_and_key(tmp_path):
         load_bert(folder)
 
 
-def test_decoder_embedder_last_token_pooling(tmp_path):
-    import jax.numpy as jnp
+def test_decoder_embedder_inputs(tmp_path):
+    """Qwen3-Embedding inputs: optional "Instruct: ...\\nQuery:" form, <|endoftext|> appended, truncation keeps it.
 
-    from comprl_jax.models import ModelConfig, forward, init_decoder
+    The numerics (last-token pooling vs torch ``Qwen3Model``) are tested in ``tests/test_models_embedder.py``;
+    here abstract parameters suffice, so nothing compiles.
+    """
+    from comprl_jax.models import ModelConfig, abstract_decoder
     from comprl_jax.models.embedders import DecoderEmbedder
     from comprl_jax.tokenizer import Tokenizer
 
     tok = Tokenizer.train_sentencepiece(SENTENCES[:18], 0, tmp_path, model_type="char")
-    cfg = ModelConfig.tiny("qwen3", vocab_size=tok.vocab_size)
-    graphdef, params = init_decoder(cfg, seed=0)
-    emb = DecoderEmbedder(graphdef, params, tok, batch_size=8)  # one padded [8, 64] batch
-    texts = ["go north", "apply the wand of digging downwards", "a", "go south", "open the door"]
-    out = emb.embed(texts)
-    assert out.shape == (5, 64)
-    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
-    # Reference: one unpadded row, hidden state of its final <|endoftext|> token, normalised.
-    ids = tok.encode(texts[1]) + [tok.pad_id]
-    t = len(ids)
-    hidden = forward(
-        graphdef,
-        params,
-        jnp.asarray([ids], jnp.int32),
-        jnp.arange(t, dtype=jnp.int32)[None],
-        jnp.ones((1, t), bool),
-        return_hidden=True,
-    )
-    ref = np.asarray(hidden[0, -1])
-    np.testing.assert_allclose(out[1], ref / np.linalg.norm(ref), atol=1e-5)
-    emb_q = DecoderEmbedder(graphdef, params, tok, instruction="find a lesson")
-    assert emb_q.tokenize(["x"])[0] == tok.encode("Instruct: find a lesson\nQuery:x") + [tok.pad_id]
+    graphdef, params = abstract_decoder(ModelConfig.tiny("qwen3", vocab_size=tok.vocab_size))
+    emb = DecoderEmbedder(graphdef, params, tok, instruction="find a lesson", max_length=8)
+    assert isinstance(emb, embedders.Embedder) and emb.dim == 64
+    full = tok.encode("Instruct: find a lesson\nQuery:x")
+    assert emb.tokenize(["x"])[0] == full[:7] + [tok.pad_id]
+    plain = DecoderEmbedder(graphdef, params, tok)
+    assert plain.tokenize(["go north"])[0] == tok.encode("go north") + [tok.pad_id]
+    with pytest.raises(TypeError, match="sequence of strings"):
+        plain.embed("go north")
