@@ -185,3 +185,24 @@ def test_rope_scaling_matches_transformers(scaling):
     inv, attn = L.rope_inv_freq(cfg)
     np.testing.assert_allclose(inv, want_inv.numpy(), rtol=1e-6)
     assert attn == pytest.approx(want_attn, rel=1e-6)
+
+
+def test_base_model_names_without_prefix_and_unused_tensors(tiny, tmp_path):
+    """Qwen3-Embedding ships a bare ``Qwen3Model``: tensor names without "model." and no lm_head."""
+    from safetensors.numpy import load_file, save_file
+
+    cfg = ModelConfig.tiny("qwen3", tie_word_embeddings=True)
+    _, params = D.init_decoder(cfg, seed=4)
+    save_hf(str(tmp_path), cfg, params)
+    f = str(tmp_path / "model.safetensors")
+    bare = {k.removeprefix("model."): v for k, v in load_file(f).items()}
+    bare["rotary_emb.inv_freq"] = np.ones(8, np.float32)  # old checkpoints carry this buffer: ignored
+    save_file(bare, f, metadata={"format": "pt"})
+    _, _, loaded = load_hf(str(tmp_path))
+    want = _values(params)
+    for k, v in _values(loaded).items():
+        np.testing.assert_array_equal(v, want[k], err_msg=k)
+    bare["layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+    save_file(bare, f, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.o_proj\.bias"):
+        load_hf(str(tmp_path))

@@ -5,7 +5,7 @@ Main entry points::
     from comprl_jax.models import ModelConfig, init_decoder, forward, extend, init_cache, load_hf, save_hf
 """
 
-from comprl_jax.models.config import ModelConfig
+from comprl_jax.models.config import ModelConfig, named_config
 from comprl_jax.models.decoder import (
     CACHE_AXES,
     Decoder,
@@ -30,6 +30,7 @@ __all__ = [
     "init_cache",
     "init_decoder",
     "load_hf",
+    "named_config",
     "save_hf",
 ]
 
