@@ -110,6 +110,12 @@ class ALFWorldEnv(TextEnv):
             text += "\nAdmissible actions: [" + ", ".join(self._admissible) + "]"
         return text
 
+    def close(self) -> None:
+        if self._tw is not None:
+            self._tw.close()
+            self._tw = None
+        super().close()
+
     # -- TextEnv -----------------------------------------------------------------------------------
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT.format(max_turns=self.max_turns)
