@@ -98,7 +98,9 @@ class Decoder(nnx.Module):
             self.lm_head = nnx.Param(normal(rngs.params(), (d, v), pdt), out_sharding=("embed", "vocab"))
 
     def _embed(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.embed[...], tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
+        # mode="clip": a padding id such as -1 must not become a NaN row (jnp.take's default fill), since
+        # 0 * NaN in the masked attention sum would poison the valid rows of the batch.
+        return jnp.take(self.embed[...], tokens, axis=0, mode="clip").astype(jnp.dtype(self.cfg.dtype))
 
     def _head(self, x: jax.Array, return_hidden: bool) -> jax.Array:
         h = L.rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
