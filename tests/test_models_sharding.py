@@ -95,6 +95,14 @@ def test_sharded_forward_matches_unsharded(mesh_name, reference):
     logits = jax.jit(D.forward, static_argnums=0)(graphdef, params, *batch)
     np.testing.assert_allclose(np.asarray(logits)[mask], ref_logits[mask], atol=1e-5)
 
+    # Under an ambient mesh the decoder also pins activations to the batch axes: same numbers.
+    with jax.set_mesh(mesh):
+        fwd = jax.jit(D.forward, static_argnums=0)
+        assert "sharding_constraint" in str(jax.make_jaxpr(fwd, static_argnums=0)(graphdef, params, *batch))
+        np.testing.assert_allclose(
+            np.asarray(fwd(graphdef, params, *batch))[mask], ref_logits[mask], atol=1e-5
+        )
+
     # The cached path under the same sharding: prefill logits equal the cache-free forward.
     cache = D.init_cache(cfg, tokens.shape[0], 16)
     cache = jax.device_put(cache, D.KVCache(*[sharding.named_sharding(mesh, D.CACHE_AXES)] * 2, None))

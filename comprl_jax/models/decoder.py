@@ -13,6 +13,8 @@ Pure API (graphdef static under jit):
 
 from __future__ import annotations
 
+import math
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,24 @@ from comprl_jax.models.config import ModelConfig
 
 # Logical axes of the KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
 CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+    """Pins an activation ``[B, ...]`` to the batch mesh axes of the ambient mesh (``jax.set_mesh``).
+
+    Without it GSPMD may shard activations along ``embed`` like the fsdp weights and replicate the batch. A no-op
+    with no ambient mesh, or when B does not divide (e.g. a single-row decode on a data-parallel mesh).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = sharding.logical_to_spec(("batch",), mesh=mesh)
+    if not spec or spec[0] is None:
+        return x
+    axes = (spec[0],) if isinstance(spec[0], str) else spec[0]
+    if x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(spec[0]))
 
 
 class Layers(nnx.Module):
@@ -124,11 +144,11 @@ class Decoder(nnx.Module):
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            return _finish(cfg, p, x, L.attention(q, k, v, allowed)), None
+            return constrain_batch(_finish(cfg, p, x, L.attention(q, k, v, allowed))), None
 
         if remat:
             body = jax.checkpoint(body)
-        x, _ = jax.lax.scan(body, self._embed(tokens), self.layers.arrays())
+        x, _ = jax.lax.scan(body, constrain_batch(self._embed(tokens)), self.layers.arrays())
         return self._head(x, return_hidden)
 
     def extend(self, cache: KVCache, tokens: jax.Array, num_new: jax.Array):
@@ -155,10 +175,10 @@ class Decoder(nnx.Module):
             ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
             attn = L.attention(q, ck[layer], cv[layer], allowed)
-            return (_finish(cfg, p, x, attn), ck, cv), None
+            return (constrain_batch(_finish(cfg, p, x, attn)), ck, cv), None
 
         xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
-        (x, ck, cv), _ = jax.lax.scan(body, (self._embed(tokens), cache.k, cache.v), xs)
+        (x, ck, cv), _ = jax.lax.scan(body, (constrain_batch(self._embed(tokens)), cache.k, cache.v), xs)
         return self._head(x, False), KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
 
 
