@@ -10,6 +10,7 @@ import time
 import traceback
 
 import numpy as np
+import pytest
 from test_experience_helpers import DIM, FakeClock, add, answer, hash_embed, mem, update
 
 from comprl_jax.experience import (
@@ -190,8 +191,7 @@ def _answers(m, clock):
 
 def restore_and_answer(path, t):  # runs in the child process
     clock = FakeClock(t)
-    m = _make(clock)
-    m.load(path)
+    m = ExperienceManager.restore(path, hash_embed, clock=clock, start_threads=False)
     state = _state(m)
     print(json.dumps({"state": state, "answers": _answers(m, clock)}))
 
@@ -232,3 +232,75 @@ def test_save_restore_in_new_process_answers_identically(tmp_path):
     child = json.loads(out.stdout.strip().splitlines()[-1])
     assert child["state"] == live_state
     assert child["answers"] == live
+
+
+def test_load_rejects_mismatched_config_and_restore_takes_saved_ones(tmp_path):
+    m = _make(FakeClock())
+    m.apply_output("a", answer(add(mem("k", "v"))), [], step=0)
+    m.save(str(tmp_path / "s"))
+    other = ExperienceManager(
+        hash_embed,
+        DIM,
+        start_threads=False,
+        bank_cfg=m.bank.cfg,
+        buffer_cfg=m.buffer.cfg,
+        retrieval_cfg=RetrievalConfig(top_k=3),
+    )
+    with pytest.raises(ValueError, match=r"retrieval config differs .*top_k"):
+        other.load(str(tmp_path / "s"))
+    r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed, start_threads=False)
+    assert r.retrieval_cfg.top_k == 2 and r.bank.cfg.index.scann_min_size == 300 and len(r.bank.entries) == 1
+    with pytest.raises(FileNotFoundError, match="missing meta.json"):
+        r.load(str(tmp_path / "nope"))
+
+
+def test_distill_queue_and_search_and_ask_rewards():
+    prompts = []
+
+    def extractor(ps):
+        prompts.extend(ps)
+        return [
+            answer(update([1], mem("door", "open the door first")))
+            if "Goal" in p
+            else "<think>hm</think><answer>Open the red door, then go east.</answer>"
+            for p in ps
+        ]
+
+    with ExperienceManager(
+        hash_embed,
+        DIM,
+        extractor,
+        clock=FakeClock(),
+        buffer_cfg=BufferConfig(batch_size=2),
+        bank_cfg=BankConfig(index=IndexConfig(scann_min_size=10**9)),
+    ) as m:
+        m.apply_output(
+            "t",
+            answer(add(mem("door", "doors are locked")), add(mem("lava", "avoid lava"))),
+            [],
+            step=0,
+            prompt="seed",
+        )
+        m.submit_distill(
+            DistillRequest(
+                "t", "reach the stairs", False, "obs: door\nact: east", "door lava", retrieved=[1], step=3
+            )
+        )
+        m.drain(timeout=30)
+        # The episode's retrieved entry (uid 1) is shown first, so target 1 replaced "avoid lava".
+        assert "Outcome: FAILURE" in prompts[0] and prompts[0].index("avoid lava") < prompts[0].index(
+            "locked"
+        )
+        assert [e.text for e in m.bank.entries.values()] == [
+            mem("door", "doors are locked"),
+            mem("door", "open the door first"),
+        ]
+        assert m.bank.entries[2].prompt == prompts[0] and m.bank.entries[2].created_step == 3
+        text, key, uids = m.refine("how do I open it?", "a locked door", "t")
+        assert text == "Open the red door, then go east." and key == "refine:0" and len(uids) == 1
+        m.record_refine_outcome(key, True)
+        m.record_outcome(uids, False)
+        b = m.pop_extractor_batch(step=4)
+        assert b.keys == ["refine:0", f"entry:{uids[0]}"] and b.rewards.tolist() == [1.0, -1.0]
+        assert b.prompts[0] == prompts[1]
+        m.check_invariants()

@@ -393,6 +393,25 @@ class ExperienceManager:
         save_manager(self, path)
 
     def load(self, path: str) -> None:
+        """Replaces this manager's state with the store at ``path`` (configs must match the saved ones)."""
         from comprl_jax.experience.persist import load_manager
 
         load_manager(self, path)
+
+    @classmethod
+    def restore(cls, path: str, embed_fn: EmbedFn, extractor_fn: ExtractorFn | None = None, **kwargs):
+        """A new manager built from the configs saved at ``path``, then loaded (``kwargs``: clock, start_threads)."""
+        from comprl_jax.experience.persist import restore_manager
+
+        return restore_manager(path, embed_fn, extractor_fn, **kwargs)
+
+    def state_dict(self) -> dict:
+        """Small JSON-able summary for the trainer's checkpoint metadata; the store itself goes through ``save``."""
+        with self.lock.read():
+            return {
+                "entries": len(self.bank.entries),
+                "next_uid": self.bank.next_uid,
+                "op_log_len": len(self.bank.op_log),
+                "buffer": len(self.buffer),
+                "counts": dict(self.counts),
+            }

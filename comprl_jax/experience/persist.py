@@ -26,8 +26,10 @@ import uuid
 
 import numpy as np
 
-from comprl_jax.experience.bank import Entry, ExperienceBank
-from comprl_jax.experience.index import BuiltIndex, load_scann, save_scann
+from comprl_jax.experience.bank import BankConfig, Entry, ExperienceBank
+from comprl_jax.experience.buffer import BufferConfig
+from comprl_jax.experience.index import BuiltIndex, IndexConfig, load_scann, save_scann
+from comprl_jax.experience.retrieval import RetrievalConfig
 
 FORMAT = "comprl_jax.experience/1"
 
@@ -107,6 +109,15 @@ def load_manager(mgr, path: str) -> None:
         raise ValueError(f"{path}/meta.json: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
     if meta["dim"] != mgr.bank.dim:
         raise ValueError(f"{path}: store dim {meta['dim']} != manager dim {mgr.bank.dim}")
+    live = {"bank": mgr.bank.cfg, "retrieval": mgr.retrieval_cfg, "buffer": mgr.buffer.cfg}
+    for name, cfg in live.items():
+        mine = json.loads(json.dumps(dataclasses.asdict(cfg)))
+        diff = sorted(k for k in mine if mine[k] != meta["configs"][name].get(k))
+        if diff:
+            raise ValueError(
+                f"{path}: saved {name} config differs from this manager's in {diff} "
+                "(use ExperienceManager.restore to take the saved configs)"
+            )
     with open(os.path.join(path, "entries.json")) as f:
         entries = [Entry(**d) for d in json.load(f)]
     emb = np.load(os.path.join(path, "embeddings.npy"), allow_pickle=False)
@@ -143,3 +154,40 @@ def load_manager(mgr, path: str) -> None:
         mgr.refine_samples = {k: tuple(v) for k, v in meta["refine_samples"].items()}
         mgr.num_refines = int(meta["num_refines"])
         mgr.buffer.load_state_dict(buffer_state)
+
+
+def read_configs(path: str) -> dict:
+    """The configs a store was saved with, as config objects: {"bank", "retrieval", "buffer", "manager"}."""
+    from comprl_jax.experience.manager import ManagerConfig
+
+    with open(os.path.join(path, "meta.json")) as f:
+        c = json.load(f)["configs"]
+    bank = dict(c["bank"])
+    bank["index"] = IndexConfig(**bank["index"])
+    return {
+        "bank": BankConfig(**bank),
+        "retrieval": RetrievalConfig(**c["retrieval"]),
+        "buffer": BufferConfig(**c["buffer"]),
+        "manager": ManagerConfig(**c["manager"]),
+    }
+
+
+def restore_manager(path: str, embed_fn, extractor_fn=None, **kwargs):
+    """A new ExperienceManager with the saved configs and state (``kwargs``: clock, start_threads)."""
+    from comprl_jax.experience.manager import ExperienceManager
+
+    cfgs = read_configs(path)
+    with open(os.path.join(path, "meta.json")) as f:
+        dim = json.load(f)["dim"]
+    mgr = ExperienceManager(
+        embed_fn,
+        dim,
+        extractor_fn,
+        bank_cfg=cfgs["bank"],
+        retrieval_cfg=cfgs["retrieval"],
+        buffer_cfg=cfgs["buffer"],
+        cfg=cfgs["manager"],
+        **kwargs,
+    )
+    load_manager(mgr, path)
+    return mgr

@@ -92,12 +92,18 @@ def format_experience(texts: Sequence[str]) -> str:
 
 
 class EmbedCache:
-    """Thread-safe LRU cache in front of ``embed_fn(texts) -> [N, D]`` float32 (L2-normalised)."""
+    """Thread-safe LRU cache in front of ``embed_fn(texts) -> [N, D]`` float32 (L2-normalised).
+
+    Misses are embedded in one ``embed_fn`` call per lookup, one call at a time (``_embed_lock``): the embedder is a
+    jitted JAX model whose XLA thread pool already uses every core, and concurrent first calls would compile the
+    same shapes twice.
+    """
 
     def __init__(self, embed_fn: Callable[[list[str]], np.ndarray], size: int = 1000):
         self.embed_fn, self.size = embed_fn, size
         self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._embed_lock = threading.Lock()
         self.hits = self.misses = 0
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -111,7 +117,8 @@ class EmbedCache:
                     self.hits += 1
         missing = list(dict.fromkeys(t for t, v in zip(texts, out, strict=True) if v is None))
         if missing:
-            vecs = np.asarray(self.embed_fn(missing), np.float32)
+            with self._embed_lock:
+                vecs = np.asarray(self.embed_fn(missing), np.float32)
             if vecs.ndim != 2 or vecs.shape[0] != len(missing):
                 raise ValueError(f"embed_fn returned shape {vecs.shape} for {len(missing)} texts")
             fresh = dict(zip(missing, vecs, strict=True))
