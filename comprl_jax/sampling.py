@@ -32,6 +32,7 @@ weights keep the shardings they were created with.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Sequence
@@ -176,15 +177,29 @@ class SamplerService:
 
     def new_cache(self, batch: int, max_len: int):
         """An empty KV cache ``[L, batch, max_len, ...]``, created sharded over the batch axes under a mesh."""
+        with self._mesh_ctx():
+            return self._cache_maker(int(batch), int(max_len))()
+
+    @functools.lru_cache(maxsize=16)  # noqa: B019 -- one compiled zeros-maker per cache shape
+    def _cache_maker(self, batch: int, max_len: int):
         make = functools.partial(self._init_cache, self.cfg, batch, max_len)
         if self.mesh is None:
-            return jax.jit(make)()
+            return jax.jit(make)
+
+        tensor = self.mesh.shape.get("tensor", 1)
+        kv_ok = getattr(self.cfg, "num_kv_heads", 0) % tensor == 0
 
         def spec(x):
-            names = ("batch",) if x.ndim == 1 else (None, "batch")
-            return shd.named_sharding(self.mesh, names)
+            if x.ndim == 1:  # lengths [B]
+                return shd.named_sharding(self.mesh, ("batch",))
+            # [L, B, S, Hkv, Dh]: batch over the data axes, kv heads over tensor when they divide.
+            return shd.named_sharding(self.mesh, (None, "batch", None, "kv_heads" if kv_ok else None, None))
 
-        return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))()
+        return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))
+
+    def _mesh_ctx(self):
+        # The model reads the ambient mesh (jax.set_mesh) to pin activations to the batch axes.
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def _put(self, x: np.ndarray):
         return jnp.asarray(x) if self.mesh is None else shd.put_batch(x, self.mesh)
@@ -220,7 +235,7 @@ class SamplerService:
                 f"max_new {int(mx.max())} exceeds SamplingParams.max_new_tokens={sp.max_new_tokens}"
             )
         stops = self.stop_automaton(tuple(stop_strings)) if stop_strings else None
-        with self._lock:
+        with self._lock, self._mesh_ctx():
             return self._fn(
                 self.graphdef,
                 self.params,

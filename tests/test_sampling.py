@@ -179,6 +179,10 @@ def test_mesh_matches_single_device_and_threads(model, svc):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     gd, params = init_decoder(CFG, seed=0, mesh=mesh)
     msvc = SamplerService(gd, params, CFG, stop_token_ids=(EOS,), pad_id=PAD, mesh=mesh)
+    cache = msvc.new_cache(msvc.batch_bucket(6), 32)
+    assert cache.k.shape[1] == 8  # batch bucket is a multiple of data * fsdp = 4
+    assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), None, "tensor")
+    assert cache.lengths.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     prompts = _prompts(6, seed=5)
     sp = SamplingParams(max_new_tokens=8, greedy=True)
     ref = svc.generate(prompts, jax.random.key(0), sp)
