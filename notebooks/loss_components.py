@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -71,7 +73,7 @@ assert whole[sub == 1].mean() > 0.3 and whole[sub == 0].mean() < -0.3
 assert abs(subgrp[sub == 1].mean()) < 0.02 and abs(subgrp[sub == 0].mean()) < 0.02
 
 fig, ax = plt.subplots(1, 2, figsize=(9, 3), sharey=True)
-for axis, (name, a) in zip(ax, (("whole-group", whole), ("subgroup", subgrp))):
+for axis, (name, a) in zip(ax, (("whole-group", whole), ("subgroup", subgrp)), strict=True):
     axis.hist([a[sub == 1], a[sub == 0]], bins=21, label=["guided", "free"])
     axis.axvline(0, color="k", lw=0.5)
     axis.set_title(f"{name} normalisation")
@@ -90,7 +92,7 @@ plt.tight_layout()
 eps = 0.2
 ratio = jnp.linspace(0.4, 1.6, 121)
 fig, ax = plt.subplots(1, 2, figsize=(9, 3))
-for axis, a in zip(ax, (1.0, -1.0)):
+for axis, a in zip(ax, (1.0, -1.0), strict=True):
     loss, clipped = losses.ppo_clip_token_loss(ratio, jnp.float32(a), eps)
     grad = jax.vmap(jax.grad(lambda r, a=a: losses.ppo_clip_token_loss(r, jnp.float32(a), eps)[0]))(ratio)
     axis.plot(ratio, -loss, label="surrogate (objective)")

@@ -13,8 +13,12 @@ NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 def test_notebook_executes(name):
     nb = jupytext.read(NOTEBOOKS / f"{name}.py")
     # The kernel inherits this process's environment (8 fake CPU devices, offline flags) and runs in notebooks/.
-    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+    ]
     assert not errors
 
 

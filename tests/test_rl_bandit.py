@@ -11,6 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from comprl_jax.models.config import ModelConfig
 from comprl_jax.models.decoder import forward, init_decoder
@@ -38,13 +39,16 @@ def sample(logits_fn, params, key):
     return jnp.concatenate([prompt, action[:, None]], axis=1), arm, subgroup
 
 
+@pytest.mark.slow
 def test_actor_loss_learns_text_bandit():
     cfg = ModelConfig.tiny("qwen3", vocab_size=VOCAB, num_layers=1)
     graphdef, params = init_decoder(cfg, seed=0)
     logits_fn = functools.partial(forward, graphdef)
     tx = make_optimizer(OptimConfig(lr=3e-3))
     state = create_train_state(params, tx)
-    update = make_update_fn(logits_fn, "actor", losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1)
+    update = make_update_fn(
+        logits_fn, "actor", losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1
+    )
     logprobs = make_logprob_fn(logits_fn)
     b = G * K
     fixed = {

@@ -29,7 +29,9 @@ def test_subgroup_advantages_mean_std():
     assert np.all(got[0, 4:] == 0.0)
     # task 1 guided (cols 0,2,4,6) [0,0,1,0]: mean 1/4 -> [-1/2, -1/2, 3/2, -1/2];
     # free (cols 1,3,5,7) [1,1,0,1]: mean 3/4, std 1/2 -> [1/2, 1/2, -3/2, 1/2].
-    np.testing.assert_allclose(got[1], np.array([-0.25, 0.25, -0.25, 0.25, 0.75, -0.75, -0.25, 0.25]) / s, rtol=1e-6)
+    np.testing.assert_allclose(
+        got[1], np.array([-0.25, 0.25, -0.25, 0.25, 0.75, -0.75, -0.25, 0.25]) / s, rtol=1e-6
+    )
 
 
 def test_subgroup_advantages_mean_mode():
@@ -41,8 +43,12 @@ def test_subgroup_advantages_mean_mode():
 def test_whole_group_is_grpo_with_one_subgroup_and_differs_from_subgroup_norm():
     whole = np.asarray(adv_lib.whole_group_advantages(REWARDS[:1], "mean"))
     # mean over all 8 = 5/8: a failed guided rollout gets -5/8, a successful free one +3/8.
-    np.testing.assert_allclose(whole[0], [3 / 8, -5 / 8, -5 / 8, -5 / 8, 3 / 8, 3 / 8, 3 / 8, 3 / 8], atol=1e-7)
-    one = np.asarray(adv_lib.subgroup_advantages(REWARDS[:1], np.zeros((1, 8), np.int32), "mean_std", eps=EPS))
+    np.testing.assert_allclose(
+        whole[0], [3 / 8, -5 / 8, -5 / 8, -5 / 8, 3 / 8, 3 / 8, 3 / 8, 3 / 8], atol=1e-7
+    )
+    one = np.asarray(
+        adv_lib.subgroup_advantages(REWARDS[:1], np.zeros((1, 8), np.int32), "mean_std", eps=EPS)
+    )
     # unbiased std of [1,0,0,0,1,1,1,1] = sqrt(15/56).
     np.testing.assert_allclose(one[0], (REWARDS[0] - 5 / 8) / (math.sqrt(15 / 56) + EPS), rtol=1e-6)
 
@@ -53,11 +59,15 @@ def test_advantage_mode_is_validated():
 
 
 def test_extractor_advantages_count_weights_and_actor_critic():
-    np.testing.assert_allclose(adv_lib.extractor_advantages([1.0, -1.0, 0.0, 1.0]), [0.75, -1.25, -0.25, 0.75])
+    np.testing.assert_allclose(
+        adv_lib.extractor_advantages([1.0, -1.0, 0.0, 1.0]), [0.75, -1.25, -0.25, 0.75]
+    )
     # Eq. 7, δ = 1, α = 0.5: never trained -> 1; trained 3 times -> 1/2; trained last step (Δt = 0) -> 0.
     w = adv_lib.count_aware_weight([0, 3, 3], [10, 5, 0], alpha=0.5, cooldown=1)
     np.testing.assert_allclose(w, [1.0, 0.5, 0.0])
-    np.testing.assert_allclose(adv_lib.extractor_rewards([1.0, -1.0], [0.5, 1.0], actor_critic=True), [1.5, 0.0])
+    np.testing.assert_allclose(
+        adv_lib.extractor_rewards([1.0, -1.0], [0.5, 1.0], actor_critic=True), [1.5, 0.0]
+    )
     np.testing.assert_allclose(adv_lib.extractor_rewards([1.0, -1.0], [0.5, 1.0]), [1.0, -1.0])
 
 
@@ -69,6 +79,7 @@ def test_self_distillation_select():
 
 
 # ---- PPO-clip surrogate ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "adv, ratio, loss, clipped, dloss_dratio",
@@ -115,7 +126,8 @@ def test_subgroup_mean_with_one_subgroup_equals_plain():
     sub0 = np.zeros(3, np.int32)
     for agg in losses.LOSS_AGGS:
         np.testing.assert_allclose(
-            losses.aggregation_weights(MASK, sub0, agg, True), losses.aggregation_weights(MASK, sub0, agg, False)
+            losses.aggregation_weights(MASK, sub0, agg, True),
+            losses.aggregation_weights(MASK, sub0, agg, False),
         )
 
 
@@ -140,7 +152,9 @@ def test_actor_loss_token_ratio_end_to_end():
     np.testing.assert_allclose(loss, (free + guided) / 2, rtol=1e-6)
     m = losses.finalize_metrics(pairs)
     np.testing.assert_allclose([m["clipfrac_free"], m["clipfrac_guided"], m["clipfrac"]], [0.5, 1.0, 2 / 3])
-    np.testing.assert_allclose([m["adv_mean_free"], m["adv_std_free"], m["adv_mean_guided"]], [1.0, 0.0, -1.0])
+    np.testing.assert_allclose(
+        [m["adv_mean_free"], m["adv_std_free"], m["adv_mean_guided"]], [1.0, 0.0, -1.0]
+    )
     k3 = lambda x: math.exp(x) - 1 - x  # noqa: E731
     np.testing.assert_allclose(m["approx_kl"], (k3(0.05) + k3(0.5) + k3(-0.5)) / 3, rtol=1e-5)
 
@@ -153,7 +167,9 @@ def test_actor_loss_sequence_ratio():
     assert float(losses.finalize_metrics(pairs)["clipfrac"]) == 1.0
     # just inside: log ρ = [0.1, 0.2] -> e^0.15; gradient w.r.t. each token's logp = -e^0.15 / 2 / 2.
     batch, logp = _actor_batch([[0, 0.1, 0.2]], [1.0], [[0, 1, 1]], [0])
-    g = jax.grad(lambda lp: losses.actor_loss(lp, None, batch, losses.ActorLossConfig(ratio="sequence"))[0])(logp)
+    g = jax.grad(lambda lp: losses.actor_loss(lp, None, batch, losses.ActorLossConfig(ratio="sequence"))[0])(
+        logp
+    )
     np.testing.assert_allclose(g, [[0, -math.exp(0.15) / 2, -math.exp(0.15) / 2]], rtol=1e-6)
 
 
@@ -178,6 +194,7 @@ def test_config_errors_name_the_key():
 
 
 # ---- CISPO -------------------------------------------------------------------------------------------------------
+
 
 def test_cispo_gradient_direction_and_clip():
     # one row, 3 generated tokens with ρ = 1.5, 0.5, 1.05; ε = 0.1 -> stop-gradient weights 1.1, 0.9, 1.05.

@@ -21,7 +21,13 @@ from comprl_jax.rl.losses import (
     finalize_metrics,
     token_logprobs,
 )
-from comprl_jax.rl.train_state import OptimConfig, TrainState, create_train_state, make_optimizer, train_state_shardings
+from comprl_jax.rl.train_state import (
+    OptimConfig,
+    TrainState,
+    create_train_state,
+    make_optimizer,
+    train_state_shardings,
+)
 from comprl_jax.rl.update import (
     accumulate_gradients,
     compute_logprobs,

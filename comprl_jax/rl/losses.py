@@ -102,24 +102,36 @@ class ExtractorLossConfig:
 def token_logprobs(logits, tokens, compute_entropy: bool = False):
     """Log-probability of each token given its prefix, in float32, gathering only the target.
 
+    Works on the full ``[B, T, V]`` logits against the *next* token and shifts the small ``[B, T]`` result,
+    rather than slicing ``logits[:, :-1]`` (a copy of the largest activation). The target is picked with a
+    compare-and-select reduction, which XLA fuses with the logsumexp pass; its backward is an elementwise select
+    instead of a scatter into ``[B, T, V]``.
+
     Args:
       logits: ``[B, T, V]``; position t predicts token t + 1.
       tokens: ``[B, T]`` int.
     Returns:
       ``(logprobs [B, T], entropy [B, T] or None)``, aligned to the token (column 0 = 0).
     """
-    logits = logits[:, :-1].astype(jnp.float32)
+    logits = logits.astype(jnp.float32)
+    tokens = tokens.astype(jnp.int32)
+    nxt = jnp.concatenate(
+        [tokens[:, 1:], tokens[:, :1]], axis=1
+    )  # last column: a dummy target, dropped below
     lse = jax.nn.logsumexp(logits, axis=-1)
-    target = jnp.take_along_axis(logits, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
-    logp = jnp.concatenate([pad, target - lse], axis=1)
+    vocab_ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    target = jnp.sum(jnp.where(vocab_ids == nxt[..., None], logits, 0.0), axis=-1)
+
+    def shift(x):  # value at t predicts t + 1 -> align to the predicted token
+        return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+
+    logp = shift(target - lse)
     if not compute_entropy:
         return logp, None
     # H = lse - Σ p·logits; a metric only, so no gradient flows through it.
-    lg = jax.lax.stop_gradient(logits)
-    probs = jnp.exp(lg - jax.lax.stop_gradient(lse)[..., None])
-    ent = jax.lax.stop_gradient(lse) - jnp.sum(probs * lg, axis=-1)
-    return logp, jnp.concatenate([pad, ent], axis=1)
+    lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+    ent = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
+    return logp, shift(ent)
 
 
 def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", subgroup_mean: bool = False):
@@ -238,7 +250,9 @@ def actor_token_weights(batch, cfg: ActorLossConfig):
     sft = jnp.asarray(batch["sft_row"], jnp.float32)[:, None]
     m_sft = m * sft
     return {
-        TOKEN_WEIGHT: aggregation_weights(m * (1.0 - sft), batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean),
+        TOKEN_WEIGHT: aggregation_weights(
+            m * (1.0 - sft), batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean
+        ),
         SFT_WEIGHT: m_sft / jnp.maximum(m_sft.sum(), 1.0),
     }
 

@@ -74,8 +74,9 @@ def train_state_shardings(state: TrainState, mesh: Mesh, rules=shd.DEFAULT_RULES
     return shd.state_shardings(state, mesh, rules)
 
 
-def create_train_state(params: Any, tx: optax.GradientTransformation, mesh: Mesh | None = None,
-                       rules=shd.DEFAULT_RULES) -> TrainState:
+def create_train_state(
+    params: Any, tx: optax.GradientTransformation, mesh: Mesh | None = None, rules=shd.DEFAULT_RULES
+) -> TrainState:
     """A fresh TrainState at step 0; with a mesh, the optimizer state is created sharded inside one jit.
 
     Args:

@@ -48,15 +48,18 @@ def _constrain_micro(tree, mesh, rules):
     return jax.tree.map(lambda x: shd.constrain(x, mesh, (None, "batch"), rules), tree)
 
 
-def compute_logprobs(logits_fn: LogitsFn, params, batch, num_micro_batches: int = 1, mesh=None,
-                     rules=shd.DEFAULT_RULES):
+def compute_logprobs(
+    logits_fn: LogitsFn, params, batch, num_micro_batches: int = 1, mesh=None, rules=shd.DEFAULT_RULES
+):
     """Token logprobs ``[B, T]`` of ``batch["tokens"]`` under ``params``, zeroed outside ``loss_mask``.
 
     Used for ``old_logprobs`` (a forward pass with the pre-update parameters). Micro-batched with ``lax.map`` so
     only ``[B/M, T, V]`` logits are live at once.
     """
     model_in = {k: batch[k] for k in MODEL_KEYS}
-    micro = _constrain_micro(jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), model_in), mesh, rules)
+    micro = _constrain_micro(
+        jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), model_in), mesh, rules
+    )
 
     def one(mb):
         logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
@@ -74,8 +77,17 @@ def loss_and_metrics(logits_fn: LogitsFn, kind: str, cfg, params, batch):
     return loss_fn(logp, ent, batch, cfg)
 
 
-def accumulate_gradients(logits_fn: LogitsFn, kind: str, cfg, params, batch, num_micro_batches: int = 1,
-                         mesh: Mesh | None = None, rules=shd.DEFAULT_RULES, grad_shardings=None):
+def accumulate_gradients(
+    logits_fn: LogitsFn,
+    kind: str,
+    cfg,
+    params,
+    batch,
+    num_micro_batches: int = 1,
+    mesh: Mesh | None = None,
+    rules=shd.DEFAULT_RULES,
+    grad_shardings=None,
+):
     """Exact full-batch gradient and metric pairs, accumulated over ``num_micro_batches`` with ``lax.scan``.
 
     Args:
@@ -90,11 +102,17 @@ def accumulate_gradients(logits_fn: LogitsFn, kind: str, cfg, params, batch, num
         raise ValueError(f"loss kind must be one of {sorted(LOSSES)}, got {kind!r}")
     _, weights_fn = LOSSES[kind]
     batch = {**batch, **weights_fn(batch, cfg)}
-    micro = _constrain_micro(jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), batch), mesh, rules)
+    micro = _constrain_micro(
+        jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), batch), mesh, rules
+    )
     grad_fn = jax.grad(lambda p, mb: loss_and_metrics(logits_fn, kind, cfg, p, mb), has_aux=True)
 
     def pin(g):
         return g if grad_shardings is None else jax.lax.with_sharding_constraint(g, grad_shardings)
+
+    if num_micro_batches == 1:  # no accumulator: saves a params-sized zero-fill and add per step
+        grads, pairs = grad_fn(params, jax.tree.map(lambda x: x[0], micro))
+        return pin(jax.tree.map(lambda g: g.astype(jnp.float32), grads)), pairs
 
     first = jax.tree.map(lambda x: x[0], micro)
     metric_shapes = jax.eval_shape(grad_fn, params, first)[1]
@@ -113,9 +131,18 @@ def accumulate_gradients(logits_fn: LogitsFn, kind: str, cfg, params, batch, num
     return grads, pairs
 
 
-def make_update_fn(logits_fn: LogitsFn, kind: str, loss_cfg, tx: optax.GradientTransformation, *,
-                   num_micro_batches: int = 1, mesh: Mesh | None = None, state_shardings: Any = None,
-                   rules=shd.DEFAULT_RULES, max_traces: int | None = None):
+def make_update_fn(
+    logits_fn: LogitsFn,
+    kind: str,
+    loss_cfg,
+    tx: optax.GradientTransformation,
+    *,
+    num_micro_batches: int = 1,
+    mesh: Mesh | None = None,
+    state_shardings: Any = None,
+    rules=shd.DEFAULT_RULES,
+    max_traces: int | None = None,
+):
     """The jitted update ``(state, batch) -> (state, metrics)``; ``state`` is donated.
 
     Args:
@@ -134,7 +161,9 @@ def make_update_fn(logits_fn: LogitsFn, kind: str, loss_cfg, tx: optax.GradientT
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
     if mesh is not None and state_shardings is None:
-        raise ValueError("make_update_fn(mesh=...) needs state_shardings (train_state_shardings(state, mesh))")
+        raise ValueError(
+            "make_update_fn(mesh=...) needs state_shardings (train_state_shardings(state, mesh))"
+        )
     grad_shardings = None if state_shardings is None else state_shardings.params
 
     def update(state: TrainState, batch):
@@ -162,8 +191,14 @@ def make_update_fn(logits_fn: LogitsFn, kind: str, loss_cfg, tx: optax.GradientT
     )
 
 
-def make_logprob_fn(logits_fn: LogitsFn, *, num_micro_batches: int = 1, mesh: Mesh | None = None,
-                    param_shardings: Any = None, rules=shd.DEFAULT_RULES):
+def make_logprob_fn(
+    logits_fn: LogitsFn,
+    *,
+    num_micro_batches: int = 1,
+    mesh: Mesh | None = None,
+    param_shardings: Any = None,
+    rules=shd.DEFAULT_RULES,
+):
     """Jitted :func:`compute_logprobs`: ``(params, batch) -> old_logprobs [B, T]`` (batch-sharded with a mesh)."""
 
     def fn(params, batch):
@@ -172,6 +207,8 @@ def make_logprob_fn(logits_fn: LogitsFn, *, num_micro_batches: int = 1, mesh: Me
     if mesh is None:
         return jax.jit(fn)
     if param_shardings is None:
-        raise ValueError("make_logprob_fn(mesh=...) needs param_shardings (train_state_shardings(...).params)")
+        raise ValueError(
+            "make_logprob_fn(mesh=...) needs param_shardings (train_state_shardings(...).params)"
+        )
     batch_sharding = shd.named_sharding(mesh, ("batch",), rules)
     return jax.jit(fn, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
