@@ -63,7 +63,9 @@ def save_manager(mgr, path: str) -> None:
                     sub = f"index/p{i}"
                     save_scann(ix.built.searcher, os.path.join(tmp, sub))
                     np.save(os.path.join(tmp, sub, "built_uids.npy"), ix.built.uids, allow_pickle=False)
-                parts.append({"task_id": task_id, "index": sub})
+                parts.append(
+                    {"task_id": task_id, "index": sub, "num_leaves": ix.built.num_leaves if sub else 0}
+                )
             meta = {
                 "format": FORMAT,
                 "dim": bank.dim,
@@ -145,7 +147,10 @@ def load_manager(mgr, path: str) -> None:
             if sub is not None:
                 d = os.path.join(path, sub)
                 uids = np.load(os.path.join(d, "built_uids.npy"), allow_pickle=False)
-                ix.set_built(BuiltIndex(load_scann(d), uids, int(uids[-1])))
+                leaves = next(
+                    int(p.get("num_leaves", 0)) for p in meta["partitions"] if p["task_id"] == task_id
+                )
+                ix.set_built(BuiltIndex(load_scann(d), uids, int(uids[-1]), leaves))
         bank.next_uid = int(meta["next_uid"])
         bank.counts = collections.Counter(meta["bank_counts"])
         bank.op_log = op_log
