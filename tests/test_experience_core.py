@@ -278,3 +278,23 @@ def test_op_log_replay_rebuilds_identical_bank_and_dedup():
     for u in m.bank.entries:
         np.testing.assert_array_equal(fresh.vector(u), m.bank.vector(u))
     fresh.check_invariants()
+
+
+def test_configs_from_dict_validates_keys():
+    from comprl_jax.experience import configs_from_dict
+
+    kw = configs_from_dict(
+        {
+            "bank": {"capacity": 7, "index": {"scann_min_size": 9}},
+            "retrieval": {"top_k": 2},
+            "manager": {"batch": 4},
+        }
+    )
+    assert kw["bank_cfg"].capacity == 7 and kw["bank_cfg"].index.scann_min_size == 9
+    assert kw["retrieval_cfg"].top_k == 2 and kw["cfg"].batch == 4
+    with pytest.raises(ValueError, match=r"bank\.index\.leaves"):
+        configs_from_dict({"bank": {"index": {"leaves": 3}}})
+    with pytest.raises(ValueError, match=r"retrieval\.lambda"):
+        configs_from_dict({"retrieval": {"lambda": 0.4}})
+    with pytest.raises(ValueError, match="bank.key must be"):
+        configs_from_dict({"bank": {"key": "title"}})

@@ -3,7 +3,13 @@
 from comprl_jax.experience.bank import BankConfig, Entry, ExperienceBank, RWLock
 from comprl_jax.experience.buffer import BufferConfig, ExtractorBatch, ExtractorBuffer, count_aware_weights
 from comprl_jax.experience.index import IndexConfig, PartitionIndex
-from comprl_jax.experience.manager import DistillRequest, ExperienceManager, ManagerConfig, Retrieval
+from comprl_jax.experience.manager import (
+    DistillRequest,
+    ExperienceManager,
+    ManagerConfig,
+    Retrieval,
+    configs_from_dict,
+)
 from comprl_jax.experience.ops import Op, distill_prompt, merge_prompt, parse_ops, refine_prompt
 from comprl_jax.experience.retrieval import RetrievalConfig, diversify, eq6_scores, format_experience
 
@@ -23,6 +29,7 @@ __all__ = [
     "RWLock",
     "Retrieval",
     "RetrievalConfig",
+    "configs_from_dict",
     "count_aware_weights",
     "distill_prompt",
     "diversify",

@@ -98,6 +98,15 @@ class ExperienceManager:
         if start_threads:
             self.start()
 
+    @classmethod
+    def with_embedder(cls, embedder, extractor_fn: ExtractorFn | None = None, **kwargs) -> ExperienceManager:
+        """A manager over an ``Embedder`` object (``.dim``, ``.embed``) or a name for ``get_embedder`` ("minilm")."""
+        if isinstance(embedder, str):
+            from comprl_jax.models.embedders import get_embedder
+
+            embedder = get_embedder(embedder)
+        return cls(embedder.embed, embedder.dim, extractor_fn, **kwargs)
+
     # -- threads -----------------------------------------------------------------------------------
     def start(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="exp-search")
@@ -415,3 +424,40 @@ class ExperienceManager:
                 "buffer": len(self.buffer),
                 "counts": dict(self.counts),
             }
+
+
+_SECTIONS = {
+    "bank": BankConfig,
+    "retrieval": RetrievalConfig,
+    "buffer": BufferConfig,
+    "manager": ManagerConfig,
+}
+
+
+def configs_from_dict(d: dict) -> dict:
+    """Config objects from a plain/ConfigDict mapping ``{"bank": {..., "index": {...}}, "retrieval": {...}, ...}``.
+
+    Returns keyword arguments for :class:`ExperienceManager` (``bank_cfg``, ``retrieval_cfg``, ``buffer_cfg``,
+    ``cfg``). Unknown sections or keys raise ValueError naming the dotted key.
+    """
+    from comprl_jax.experience.index import IndexConfig
+
+    out = {}
+    for section, values in dict(d).items():
+        if section not in _SECTIONS:
+            raise ValueError(f"unknown experience config section {section!r}; known: {sorted(_SECTIONS)}")
+        cls, values = _SECTIONS[section], dict(values)
+        names = {f.name for f in dataclasses.fields(cls)}
+        for k in values:
+            if k not in names:
+                raise ValueError(f"unknown experience config key {section}.{k}; known: {sorted(names)}")
+        if section == "bank" and "index" in values and not isinstance(values["index"], IndexConfig):
+            idx = dict(values["index"])
+            known = {f.name for f in dataclasses.fields(IndexConfig)}
+            for k in idx:
+                if k not in known:
+                    raise ValueError(f"unknown experience config key bank.index.{k}; known: {sorted(known)}")
+            values["index"] = IndexConfig(**idx)
+        out[section] = cls(**values)
+    names = {"bank": "bank_cfg", "retrieval": "retrieval_cfg", "buffer": "buffer_cfg", "manager": "cfg"}
+    return {names[k]: v for k, v in out.items()}
