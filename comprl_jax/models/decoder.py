@@ -144,7 +144,7 @@ class Decoder(nnx.Module):
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            return constrain_batch(_finish(cfg, p, x, L.attention(q, k, v, allowed))), None
+            return constrain_batch(_finish(cfg, p, x, L.attention(q, k, v, allowed, causal=True))), None
 
         if remat:
             body = jax.checkpoint(body)

@@ -107,15 +107,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos[:, :, None] + rot * sin[:, :, None]).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
-    """Grouped-query attention, plain einsum + mask + softmax in float32.
+# Queries per attention chunk. Scores are [B, Hkv, G, T, S] float32: at T = S = 4096 that is gigabytes per layer
+# (and the backward pass keeps them), so long inputs are processed in query chunks of this size, each chunk
+# rematerialised in the backward pass. Short inputs (decode steps, small prefills) take the direct path.
+QUERY_CHUNK = 512
 
-    Args:
-      q: ``[B, T, H, Dh]`` queries. k, v: ``[B, S, Hkv, Dh]`` keys/values (H a multiple of Hkv).
-      allowed: ``[B, T, S]`` bool, which keys each query may see.
-    Returns:
-      ``[B, T, H * Dh]`` in ``q.dtype``.
-    """
+
+def _attention_dense(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
     b, t, h, dh = q.shape
     hkv = k.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, hkv, h // hkv, dh)
@@ -124,6 +122,37 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> j
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
     return o.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, causal: bool = False) -> jax.Array:
+    """Grouped-query attention, plain einsum + mask + softmax in float32 (query-chunked when long).
+
+    Args:
+      q: ``[B, T, H, Dh]`` queries. k, v: ``[B, S, Hkv, Dh]`` keys/values (H a multiple of Hkv).
+      allowed: ``[B, T, S]`` bool, which keys each query may see.
+      causal: keys are the queries' own sequence (S == T) and ``allowed`` is lower-triangular, so query chunk i
+        only needs keys ``[:(i+1)c]``: chunks are unrolled with static key prefixes, halving the work.
+    Returns:
+      ``[B, T, H * Dh]`` in ``q.dtype``. Chunking only changes the peak memory, not the result: each query row's
+      softmax sees the same keys.
+    """
+    b, t, h, dh = q.shape
+    c = QUERY_CHUNK
+    if t <= c or t % c:
+        return _attention_dense(q, k, v, allowed)
+    n = t // c
+    if causal and k.shape[1] == t:
+        outs = []
+        for i in range(n):
+            e = (i + 1) * c
+            one = jax.checkpoint(_attention_dense)
+            outs.append(one(q[:, i * c : e], k[:, :e], v[:, :e], allowed[:, i * c : e, :e]))
+        return jnp.concatenate(outs, axis=1)
+    qc = q.reshape(b, n, c, h, dh).swapaxes(0, 1)  # [n, B, c, H, Dh]
+    ac = allowed.reshape(b, n, c, allowed.shape[-1]).swapaxes(0, 1)
+    one = jax.checkpoint(lambda qa: _attention_dense(qa[0], k, v, qa[1]))
+    out = jax.lax.map(one, (qc, ac))  # [n, B, c, H*Dh]
+    return out.swapaxes(0, 1).reshape(b, t, h * dh)
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
