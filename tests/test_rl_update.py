@@ -121,11 +121,16 @@ def test_sharded_update_equals_unsharded():
     ), "fsdp should actually shard some parameter"
     state = create_train_state(sharded_params, tx, mesh)
     shardings = train_state_shardings(state, mesh)
+    sharded_batch = shd.put_batch(batch, mesh)
+    old = make_logprob_fn(logits_fn, num_micro_batches=2, mesh=mesh, param_shardings=shardings.params)(
+        state.params, sharded_batch
+    )
+    np.testing.assert_allclose(old, model()[2](params, batch), atol=1e-5, rtol=0)
     update = make_update_fn(
         logits_fn, "actor", cfg, tx, num_micro_batches=2, mesh=mesh, state_shardings=shardings
     )
     with jax.set_mesh(mesh):
-        state, m_sharded = update(state, shd.put_batch(batch, mesh))
+        state, m_sharded = update(state, sharded_batch)
     for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(state.params), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     for k in m_plain:

@@ -275,7 +275,12 @@ def cispo_token_loss(logp, old_logp, adv, clip_eps: float):
 
 
 def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
-    """CISPO loss with Eq. 7-weighted batch-mean advantages; same contract as :func:`actor_loss`."""
+    """CISPO loss with Eq. 7-weighted batch-mean advantages; same contract as :func:`actor_loss`.
+
+    The effective advantage is ``batch["advantages"] * batch["sample_weight"]``: pass the *unweighted*
+    ``r - mean(r)`` (:func:`~.advantages.extractor_advantages`) together with the weights, or already-weighted
+    advantages with ``sample_weight = 1`` -- never both, or the weights are applied twice.
+    """
     m = jnp.asarray(batch["loss_mask"], jnp.float32)
     if TOKEN_WEIGHT not in batch:
         batch = {**batch, **extractor_token_weights(batch, cfg)}

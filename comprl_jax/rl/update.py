@@ -66,6 +66,8 @@ def compute_logprobs(
         logp, _ = token_logprobs(logits, mb["tokens"])
         return logp * mb["loss_mask"].astype(jnp.float32)
 
+    if num_micro_batches == 1:
+        return one(jax.tree.map(lambda x: x[0], micro))
     return merge_micro_batches(jax.lax.map(one, micro))
 
 
