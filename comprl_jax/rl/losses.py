@@ -262,13 +262,15 @@ def extractor_token_weights(batch, cfg: ExtractorLossConfig):
     return {TOKEN_WEIGHT: aggregation_weights(batch["loss_mask"], None, cfg.loss_agg, False)}
 
 
-def cispo_token_loss(logp, old_logp, adv, clip_eps: float):
+def cispo_token_loss(logp, old_logp, adv, clip_eps: float, mask=None):
     """Per-token CISPO loss ``-sg(clip(ρ, 1-ε, 1+ε)) · A · log π`` and whether ρ was clipped.
 
     Unlike PPO-clip the gradient never vanishes: clipping only bounds the (stop-gradient) IS weight, so
-    ``∂ℓ/∂log π = -clip(ρ) · A`` for every token.
+    ``∂ℓ/∂log π = -clip(ρ) · A`` for every token. ``mask`` (``[B, T]``) pins ρ = 1 on tokens outside the loss,
+    whose ``old_logp`` is 0 by convention.
     """
-    ratio = jnp.exp(logp - old_logp)
+    log_ratio = logp - old_logp if mask is None else (logp - old_logp) * mask
+    ratio = jnp.exp(log_ratio)
     is_w = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps))
     was_clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32)
     return -is_w * adv * logp, was_clipped, is_w
@@ -288,7 +290,7 @@ def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
     raw_adv = jnp.asarray(batch["advantages"], jnp.float32)
     sw = jnp.asarray(batch["sample_weight"], jnp.float32)
     adv = (raw_adv * sw)[:, None]
-    tok_loss, was_clipped, is_w = cispo_token_loss(logp, batch["old_logprobs"], adv, cfg.clip_eps)
+    tok_loss, was_clipped, is_w = cispo_token_loss(logp, batch["old_logprobs"], adv, cfg.clip_eps, m)
     loss = jnp.sum(w * tok_loss)
     rows = jnp.ones_like(sw)
     metrics = {
