@@ -199,3 +199,21 @@ def test_mesh_matches_single_device_and_threads(model, svc):
         t.join()
     for name in ("mesh", "plain"):
         np.testing.assert_array_equal(out[name].tokens, ref.tokens, err_msg=name)
+
+
+def test_errors_name_the_row_or_field(svc):
+    sp = SamplingParams(max_new_tokens=8, greedy=True)
+    conv = svc.conversation(batch=2, max_len=16)
+    with pytest.raises(ValueError, match="row 1: context 18 tokens exceeds the conversation's max_len=16"):
+        conv.turn([[5, 6], list(range(2, 12))], jax.random.key(0), sp)
+    with pytest.raises(ValueError, match="row 0: a turn needs at least one input token"):
+        conv.turn([[], None], jax.random.key(0), sp)
+    with pytest.raises(ValueError, match="turn got 3 rows"):
+        conv.turn([[5], [5], [5]], jax.random.key(0), sp)
+    with pytest.raises(ValueError, match="max_new 9 exceeds SamplingParams.max_new_tokens=8"):
+        svc.generate([[5]], jax.random.key(0), sp, max_new=9)
+    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+        svc.generate([[5], []], jax.random.key(0), sp)
+    plain = SamplerService(svc.graphdef, svc.params, CFG, stop_token_ids=(EOS,))
+    with pytest.raises(ValueError, match="needs vocab="):
+        plain.regex_constraint("a")
