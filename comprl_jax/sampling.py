@@ -12,6 +12,7 @@ Public API::
     r1 = conv.turn(first_prompts, key1, sp)               # prefill + generate
     r2 = conv.turn(observation_tokens, key2, sp)          # appended to the live cache (incremental prefill)
     ids, assistant_mask = conv.tokens(b)                  # exactly the sampled ids; mask 1 on generated tokens
+    old_logprobs = conv.logprobs(b)                       # sampling-time logprobs aligned with ids (0 off-mask)
 
 Each call is one jitted function (:func:`comprl_jax.sampling_lib.decode.decode`): prefill through the model's
 ``extend`` then a ``lax.while_loop`` decode that ends when every row is done. Shapes are bucketed (batch and
@@ -314,11 +315,16 @@ class Conversation:
         self.cache = service.new_cache(service.batch_bucket(batch), self.max_len)
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.mask: list[list[int]] = [[] for _ in range(batch)]
+        self.lps: list[list[float]] = [[] for _ in range(batch)]  # sampling-time logprobs, 0.0 off the mask
         self.cached = [0] * batch  # ids[b][:cached[b]] are in the cache
 
     def tokens(self, b: int) -> tuple[list[int], list[int]]:
         """Row ``b``'s full token context and assistant mask (for the trainer)."""
         return list(self.ids[b]), list(self.mask[b])
+
+    def logprobs(self, b: int) -> list[float]:
+        """Row ``b``'s per-token logprobs at sampling time (aligned with ``tokens(b)``; 0.0 where mask is 0)."""
+        return list(self.lps[b])
 
     def turn(
         self,
@@ -361,8 +367,10 @@ class Conversation:
             n = int(out.lengths[b])
             self.ids[b] += [int(t) for t in new]
             self.mask[b] += [0] * len(new)
+            self.lps[b] += [0.0] * len(new)
             self.cached[b] = len(self.ids[b])
             self.ids[b] += out.tokens[b, :n].tolist()
             self.mask[b] += [1] * n
+            self.lps[b] += out.logprobs[b, :n].tolist()
             self.cached[b] += max(n - 1, 0)  # the last sampled token is fed at the start of the next turn
         return out

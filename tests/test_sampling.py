@@ -105,6 +105,7 @@ def test_three_turns_incremental_equal_reprefill(svc):
             ref = svc.generate([context], jax.random.key(t), sp, max_new=[8, 4, 6][b])
             assert res.tokens[b, :n].tolist() == ref.tokens[0, : ref.lengths[0]].tolist(), (t, b)
             assert mask[len(ids) - n :] == [1] * n and ids[len(ids) - n :] == res.tokens[b, :n].tolist()
+            assert conv.logprobs(b)[len(ids) - n :] == res.logprobs[b, :n].tolist()
     # The cache holds every id but each row's last sampled token (fed at the start of the next turn).
     lengths = np.asarray(conv.cache.lengths)[:3]
     assert lengths.tolist() == [len(conv.tokens(b)[0]) - 1 for b in range(3)]
