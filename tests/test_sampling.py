@@ -149,6 +149,7 @@ def test_constraint_1000_samples_match_regex(svc):
         prompts, jax.random.key(3), SamplingParams(max_new_tokens=32, temperature=1.0), constraint=aut
     )
     assert (res.finish_reason == FINISH_STOP).all()
+    assert int(res.steps) == int(res.lengths.max()) < 32  # the loop ended with the longest row, not at N
     seen = set()
     for b in range(1000):
         ids = res.tokens[b, : res.lengths[b]].tolist()
