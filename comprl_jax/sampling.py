@@ -215,10 +215,14 @@ class SamplerService:
         sp: SamplingParams,
         stop_strings: Sequence[str] = (),
         constraint: TokenAutomaton | None = None,
+        context_need: int | None = None,
     ) -> GenerationResult:
         """One jitted turn on an existing cache (its batch dim ``Bp >= len(rows)``); returns device arrays.
 
         ``rows[b]`` are the new input ids of row ``b`` (empty = idle row); rows past ``len(rows)`` are idle.
+        ``context_need``: the most cache slots any row occupies after this turn (cached + new + max_new). When
+        given, the turn runs on a power-of-two window of the cache that covers it (compiled once per window
+        bucket), so attention costs scale with the live context rather than the cache capacity.
         """
         Bp = cache.lengths.shape[0]
         if len(rows) > Bp:
@@ -236,6 +240,11 @@ class SamplerService:
                 f"max_new {int(mx.max())} exceeds SamplingParams.max_new_tokens={sp.max_new_tokens}"
             )
         stops = self.stop_automaton(tuple(stop_strings)) if stop_strings else None
+        S = cache.k.shape[2]
+        window = None
+        if context_need is not None:
+            window = min(S, bucket(context_need, minimum=256))
+            window = None if window >= S else window
         with self._lock, self._mesh_ctx():
             return self._fn(
                 self.graphdef,
@@ -250,6 +259,7 @@ class SamplerService:
                 sp=sp,
                 stop_ids=self.stop_token_ids,
                 pad_id=self.pad_id,
+                window=window,
             )
 
     def generate(
@@ -358,7 +368,8 @@ class Conversation:
                     f"row {b}: context {need} tokens exceeds the conversation's max_len={self.max_len}"
                 )
             rows.append(row)
-        res = self.service.run(self.cache, rows, mx, key, sp, stop_strings, constraint)
+        need = max((self.cached[b] + len(r) + mx[b] for b, r in enumerate(rows) if r), default=0)
+        res = self.service.run(self.cache, rows, mx, key, sp, stop_strings, constraint, context_need=need)
         self.cache = res.cache
         out = res.to_numpy(self.batch)
         for b, new in enumerate(new_tokens):

@@ -88,9 +88,10 @@ def test_logprobs_equal_forward_pass(model, svc):
         assert (res.logprobs[b, n:] == 0).all() and (res.tokens[b, n:] == PAD).all()
 
 
-def test_three_turns_incremental_equal_reprefill(svc):
+@pytest.mark.parametrize("max_len", [128, 1024])  # 1024: turns run on a 256-slot window of the cache
+def test_three_turns_incremental_equal_reprefill(svc, max_len):
     sp = SamplingParams(max_new_tokens=8, greedy=True)
-    conv = svc.conversation(batch=3, max_len=128)
+    conv = svc.conversation(batch=3, max_len=max_len)
     turns = [_prompts(3, seed=10 + t, lo=2, hi=9) for t in range(3)]
     turns[1][2] = None  # row 2 sits out turn 2
     for t, obs in enumerate(turns):

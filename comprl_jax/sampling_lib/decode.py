@@ -69,6 +69,7 @@ def decode(
     stop_ids: tuple[int, ...],
     pad_id: int,
     extend_fn: Any,
+    window: int | None = None,
 ) -> GenerationResult:
     """Prefill + decode for one turn. Pure; jit it with the keyword-only arguments static.
 
@@ -86,9 +87,16 @@ def decode(
       stop_ids: token ids that end a row (static).
       pad_id: filler for unused output slots (static).
       extend_fn: the model's ``extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)`` (static).
+      window: static; when set below the cache length S, the turn runs on the first ``window`` slots only (every
+        row's context + this turn fits in them) and writes them back at the end. Attention cost per step then
+        scales with the live context, not with the cache's capacity.
     Returns:
       A :class:`GenerationResult` with device arrays and the updated cache.
     """
+    full = None
+    if window is not None and window < cache.k.shape[2]:
+        full = cache
+        cache = cache.replace(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
     B = tokens.shape[0]
     N = sp.max_new_tokens
     stop_arr = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
@@ -156,6 +164,13 @@ def decode(
         return emit(dict(c, cache=new_cache), step_logits[:, 0].astype(jnp.float32))
 
     carry = jax.lax.while_loop(cond, body, carry)
+    if full is not None:
+        c = carry["cache"]
+        carry["cache"] = full.replace(
+            k=jax.lax.dynamic_update_slice(full.k, c.k, (0, 0, 0, 0, 0)),
+            v=jax.lax.dynamic_update_slice(full.v, c.v, (0, 0, 0, 0, 0)),
+            lengths=c.lengths,
+        )
     return GenerationResult(
         tokens=carry["out_tok"],
         lengths=carry["lengths"],
@@ -177,7 +192,8 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
     """
 
     def fn(
-        graphdef, params, cache, tokens, num_new, max_new, key, stops, constraint, *, sp, stop_ids, pad_id
+        graphdef, params, cache, tokens, num_new, max_new, key, stops, constraint, *, sp, stop_ids, pad_id,
+        window=None,
     ):
         return decode(
             graphdef,
@@ -193,8 +209,9 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
             stop_ids=stop_ids,
             pad_id=pad_id,
             extend_fn=extend_fn,
+            window=window,
         )
 
     if wrap is not None:
         fn = wrap(fn)
-    return jax.jit(fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id"), donate_argnums=(2,))
+    return jax.jit(fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id", "window"), donate_argnums=(2,))
