@@ -141,10 +141,15 @@ class ExperienceManager:
         if not self._threads:
             return self.search_sync(queries, task_ids)
         futs = []
-        for q, t in zip(queries, task_ids, strict=True):
-            f: concurrent.futures.Future = concurrent.futures.Future()
-            self._search_q.put((q, t, f))
-            futs.append(f)
+        b = self.cfg.batch
+        for i in range(0, len(queries), b):
+            # One caller's queries travel as one group (<= batch) so the 1 ms flush never splits them.
+            group = [
+                (q, t, concurrent.futures.Future())
+                for q, t in zip(queries[i : i + b], task_ids[i : i + b], strict=True)
+            ]
+            self._search_q.put(group)
+            futs += [f for _, _, f in group]
         return [f.result() for f in futs]
 
     def search_sync(self, queries: Sequence[str], task_ids: Sequence[str]) -> list[Retrieval]:
@@ -157,11 +162,14 @@ class ExperienceManager:
         return out
 
     def _batch_loop(self) -> None:
+        """Groups queued query groups into micro-batches: flush at ``batch`` queries or ``t_max_s`` after the first."""
+        carry = None
         while True:
-            item = self._search_q.get()
-            if item is None:
+            group = carry if carry is not None else self._search_q.get()
+            carry = None
+            if group is None:
                 return
-            batch = [item]
+            batch = list(group)
             deadline = time.monotonic() + self.cfg.t_max_s
             stop = False
             while len(batch) < self.cfg.batch:
@@ -173,7 +181,10 @@ class ExperienceManager:
                 if nxt is None:
                     stop = True
                     break
-                batch.append(nxt)
+                if len(batch) + len(nxt) > self.cfg.batch:
+                    carry = nxt  # starts the next micro-batch
+                    break
+                batch += nxt
             self._pool.submit(self._answer, batch)
             if stop:
                 return
