@@ -11,7 +11,12 @@ Prints one JSON line per measured function:
 (6·N_matmul + 12·L·H·Dh·T for forward + backward, 2·N_matmul + 4·L·H·Dh·T for forward only; N_matmul counts every
 weight matrix including the LM head, not the embedding gather) times tokens per second. ``peak_tflops`` is the
 best rate of a square matmul in the run's compute dtype, timed in the same process just before; ``mfu`` is their
-ratio, so a busy shared machine lowers both sides alike.
+ratio, so a busy shared machine lowers both sides alike. ``mfu_cpu_time`` is the same ratio on process CPU
+seconds (robust to other processes taking cores).
+
+Measured 2026-11-30 on the 2-core AMD EPYC dev box (shared, load ~5), default command:
+  actor_update  131 tokens/s, 0.028 model TFLOP/s vs 0.0595 peak -> mfu 0.47 (cpu-time 0.46), compile 46 s
+  old_logprobs  311 tokens/s -> mfu 0.37 (cpu-time 0.68)
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ PRESETS = {
         qk_norm=True,
         tie_word_embeddings=True,
         rope_theta=1000000.0,
-        param_dtype="bfloat16",
+        param_dtype="float32",  # fp32 master weights (a 1e-6 step is lost in bf16), bf16 compute
         dtype="bfloat16",
     ),
 }
