@@ -39,7 +39,6 @@ class Extractor:
         out = []
         with self.lock:
             for p in prompts:
-                n_prev = p.count("\n[")
                 ops = [
                     self.rng.choice(
                         [
@@ -62,7 +61,6 @@ class Extractor:
                 else:
                     out.append(answer(*ops))
                     self.items += len(ops)
-                del n_prev
         return out
 
 
