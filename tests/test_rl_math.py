@@ -9,6 +9,7 @@ import pytest
 
 from comprl_jax.rl import advantages as adv_lib
 from comprl_jax.rl import losses
+from comprl_jax.rl.update import merge_micro_batches, split_micro_batches
 
 EPS = 1e-6
 
@@ -231,3 +232,45 @@ def test_token_logprobs_match_log_softmax():
     np.testing.assert_allclose(logp[:, 1:], want, rtol=1e-5, atol=1e-6)
     assert np.all(np.asarray(logp[:, 0]) == 0)
     np.testing.assert_allclose(ent[:, 1:], -(jnp.exp(ref) * ref).sum(-1)[:, :-1], rtol=1e-5)
+
+
+# ---- exact micro-batching at the loss level (every variant; the model-level check is in test_rl_update.py) ---------
+
+
+@pytest.mark.parametrize("ratio", losses.RATIOS)
+@pytest.mark.parametrize("agg", losses.LOSS_AGGS)
+@pytest.mark.parametrize("subgroup_mean, sft_coef", [(True, 0.0), (False, 0.0), (True, 0.3)])
+def test_loss_split_into_micro_batches_is_exact(ratio, agg, subgroup_mean, sft_coef):
+    rng = np.random.default_rng(0)
+    b, t, m = 8, 6, 4
+    mask = (rng.random((b, t)) < 0.6).astype(np.float32)
+    mask[:, 0] = 0
+    mask[5] = 0  # an empty row
+    batch = {
+        "loss_mask": mask,
+        "old_logprobs": (-rng.random((b, t)) * mask).astype(np.float32),
+        "advantages": rng.normal(size=b).astype(np.float32),
+        "subgroup": np.array([0, 0, 0, 0, 0, 1, 1, 0], np.int32),  # uneven subgroups
+        "sft_row": np.array([0, 0, 1, 0, 0, 0, 0, 1], np.float32),
+    }
+    logp = jnp.asarray(-rng.random((b, t)), jnp.float32)
+    cfg = losses.ActorLossConfig(ratio=ratio, loss_agg=agg, subgroup_mean=subgroup_mean, sft_coef=sft_coef)
+    full = {**batch, **losses.actor_token_weights(batch, cfg)}
+
+    def loss_of(lp, bt):
+        return losses.actor_loss(lp, None, bt, cfg)
+
+    (l_full, p_full), g_full = jax.value_and_grad(loss_of, has_aux=True)(logp, full)
+    micro = jax.tree.map(lambda x: split_micro_batches(jnp.asarray(x), m), {**full, "logp": logp})
+    l_sum, g_parts, p_sum = 0.0, [], None
+    for i in range(m):
+        mb = jax.tree.map(lambda x, i=i: x[i], micro)
+        (li, pi), gi = jax.value_and_grad(loss_of, has_aux=True)(mb.pop("logp"), mb)
+        l_sum += li
+        g_parts.append(gi)
+        p_sum = pi if p_sum is None else jax.tree.map(jnp.add, p_sum, pi)
+    np.testing.assert_allclose(l_sum, l_full, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(merge_micro_batches(jnp.stack(g_parts)), g_full, atol=1e-7)
+    f_full, f_sum = losses.finalize_metrics(p_full), losses.finalize_metrics(p_sum)
+    for k in f_full:
+        np.testing.assert_allclose(f_sum[k], f_full[k], rtol=1e-5, atol=1e-7, err_msg=k)
