@@ -51,7 +51,7 @@ def pack(
     tokens = np.full((R, T), pad_id, np.int32)
     attn = np.zeros((R, T), bool)
     loss = np.zeros((R, T), np.float32)
-    for i, (s, m) in enumerate(zip(sequences, loss_masks)):
+    for i, (s, m) in enumerate(zip(sequences, loss_masks, strict=False)):
         if len(s) != len(m):
             raise ValueError(f"sequence {i}: {len(s)} tokens but a loss mask of {len(m)}")
         if len(s) > T:
@@ -62,4 +62,10 @@ def pack(
     positions = np.broadcast_to(np.arange(T, dtype=np.int32), (R, T)).copy()
     row_valid = np.zeros((R,), bool)
     row_valid[: len(sequences)] = True
-    return {"tokens": tokens, "positions": positions, "attn_mask": attn, "loss_mask": loss, "row_valid": row_valid}
+    return {
+        "tokens": tokens,
+        "positions": positions,
+        "attn_mask": attn,
+        "loss_mask": loss,
+        "row_valid": row_valid,
+    }

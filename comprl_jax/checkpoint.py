@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 ITEMS = ("train", "arrays", "host")
+_EMPTY_KEY = "__empty_arrays__"
 
 
 class RunCheckpointer:
@@ -42,7 +43,9 @@ class RunCheckpointer:
         if save_every <= 0:
             raise ValueError(f"checkpoint.save_every must be positive, got {save_every}")
         if max_to_keep < 2:
-            raise ValueError(f"checkpoint.max_to_keep must be >= 2 (fallback on corruption), got {max_to_keep}")
+            raise ValueError(
+                f"checkpoint.max_to_keep must be >= 2 (fallback on corruption), got {max_to_keep}"
+            )
         self.directory = os.path.abspath(os.fspath(directory))
         self.save_every = int(save_every)
         options = ocp.CheckpointManagerOptions(
@@ -75,6 +78,10 @@ class RunCheckpointer:
         if step in self._mgr.all_steps():
             return False
         arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        # Orbax refuses zero-size arrays (an empty bank): record their shape/dtype in the JSON item instead.
+        empty = {k: [list(v.shape), v.dtype.str] for k, v in arrays.items() if v.size == 0}
+        arrays = {k: v for k, v in arrays.items() if v.size}
+        host = {**host, _EMPTY_KEY: empty}
         saved = self._mgr.save(
             step,
             args=ocp.args.Composite(
@@ -99,7 +106,10 @@ class RunCheckpointer:
             ),
         )
         arrays = _unbox_arrays(restored["arrays"])
-        return restored["train"], arrays, dict(restored["host"])
+        host = dict(restored["host"])
+        for k, (shape, dtype) in host.pop(_EMPTY_KEY, {}).items():
+            arrays[k] = np.zeros(shape, np.dtype(dtype))
+        return restored["train"], arrays, host
 
     def restore_latest(self, abstract_train: Any):
         """Newest readable step: ``(step, train, arrays, host)``, or None when the directory holds no step.
@@ -113,7 +123,10 @@ class RunCheckpointer:
             except Exception as err:  # noqa: BLE001 -- any unreadable step means: fall back
                 log.warning(
                     "checkpoint step %d in %s is unreadable (%s: %s); falling back to the previous step",
-                    step, self.directory, type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "",
+                    step,
+                    self.directory,
+                    type(err).__name__,
+                    str(err).splitlines()[0][:300] if str(err) else "",
                 )
                 continue
             return step, train, arrays, host

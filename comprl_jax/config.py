@@ -13,7 +13,7 @@ import ml_collections
 METHODS = ("complementary", "baseline", "static_online", "exp_only", "offline")
 ADV_NORMS = ("mean_std", "mean")
 RATIOS = ("token", "sequence")
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "subgroup_mean")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
 PLACEMENTS = ("colocated", "disjoint")
@@ -33,7 +33,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.method = "complementary"
 
     c.env = ml_collections.ConfigDict()
-    c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)  # multi-task: several ids, one bank partition each
+    c.env.tasks = (
+        "comprl/MiniHack-Room-Ultimate-5x5-v0",
+    )  # multi-task: several ids, one bank partition each
     c.env.max_turns = 30
     c.env.backend = "thread"  # "thread" | "process" (GIL-bound TextWorld/ALFWorld)
     c.env.workers = 8
@@ -55,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.adv_eps = 1e-6
     c.actor.ratio = "token"
     c.actor.loss_agg = "token_mean"
+    c.actor.subgroup_mean = True  # J = 1/2 sum_c (subgroup means), paper Eq. 4; False = released code
     c.actor.warmup_steps = 0
     c.actor.micro_batch = 8
     c.actor.self_distill_coef = 0.0  # SPEC §7, off
@@ -76,6 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
     c.extractor.max_entry_chars = 2000
+    c.extractor.transcript_chars = 60000  # trajectory text shown to the extractor (the end is kept)
     c.extractor.sampling = _sampling(1.0, 0.99, 0, 8192)
     c.extractor.constrained = False
     c.extractor.update = True  # False: Static Online Exp.
@@ -98,6 +102,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.retrieval.search_and_ask = True
     c.retrieval.search_and_ask_max = 2
     c.retrieval.search_and_ask_guided_only = True
+    # Recency clock of Eq. 6. "logical": step * seconds_per_step (deterministic: exact resume, reproducible
+    # tests); "wall": time.time() as in the released code.
+    c.retrieval.clock = "logical"
+    c.retrieval.seconds_per_step = 60.0
 
     c.manager = ml_collections.ConfigDict()
     c.manager.query_batch = 16
@@ -153,8 +161,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(len(c.env.tasks) >= 1, "env.tasks", "needs at least one env id")
     _check(c.env.max_turns > 0, "env.max_turns", "must be positive")
     _check(c.env.backend in ("thread", "process"), "env.backend", "must be 'thread' or 'process'")
-    _check(c.rollout.group_size >= 2 and c.rollout.group_size % 2 == 0, "rollout.group_size",
-           f"must be even and >= 2 (half guided, half free), got {c.rollout.group_size}")
+    _check(
+        c.rollout.group_size >= 2 and c.rollout.group_size % 2 == 0,
+        "rollout.group_size",
+        f"must be even and >= 2 (half guided, half free), got {c.rollout.group_size}",
+    )
     _check(c.rollout.tasks_per_step >= 1, "rollout.tasks_per_step", "must be >= 1")
     _check(c.actor.adv_norm in ADV_NORMS, "actor.adv_norm", f"{c.actor.adv_norm!r} not in {ADV_NORMS}")
     _check(c.actor.ratio in RATIOS, "actor.ratio", f"{c.actor.ratio!r} not in {RATIOS}")
@@ -167,15 +178,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
     _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
     _check(c.bank.capacity >= 1, "bank.capacity", "must be >= 1")
-    _check(c.bank.merge_every >= 1 and c.bank.merge_chunk >= 1, "bank.merge_every / bank.merge_chunk", "must be >= 1")
-    _check(c.retrieval.k >= 1 and c.retrieval.candidates >= c.retrieval.k, "retrieval.candidates",
-           "must be >= retrieval.k >= 1")
+    _check(
+        c.bank.merge_every >= 1 and c.bank.merge_chunk >= 1,
+        "bank.merge_every / bank.merge_chunk",
+        "must be >= 1",
+    )
+    _check(
+        c.retrieval.k >= 1 and c.retrieval.candidates >= c.retrieval.k,
+        "retrieval.candidates",
+        "must be >= retrieval.k >= 1",
+    )
     _check(0.0 <= c.retrieval.dropout <= 1.0, "retrieval.dropout", "must be in [0, 1]")
+    _check(c.retrieval.clock in ("logical", "wall"), "retrieval.clock", "must be 'logical' or 'wall'")
     _check(c.mesh.placement in PLACEMENTS, "mesh.placement", f"not in {PLACEMENTS}")
     _check(0.0 < c.mesh.actor_fraction < 1.0, "mesh.actor_fraction", "must be in (0, 1)")
     _check(c.train.steps >= 1, "train.steps", "must be >= 1")
-    _check(c.checkpoint.every >= 1 and c.checkpoint.max_to_keep >= 2, "checkpoint.every / checkpoint.max_to_keep",
-           "every >= 1 and max_to_keep >= 2")
+    _check(
+        c.checkpoint.every >= 1 and c.checkpoint.max_to_keep >= 2,
+        "checkpoint.every / checkpoint.max_to_keep",
+        "every >= 1 and max_to_keep >= 2",
+    )
 
 
 SCALES = ("paper", "tiny", "smollm")
@@ -196,8 +218,10 @@ def parse_variant(arg: str | None) -> tuple[str, str | None, dict[str, str]]:
         elif word in METHODS:
             method = word
         else:
-            raise ValueError(f"config variant word {word!r} unknown: use a scale {SCALES}, a method {METHODS}, "
-                             "or key=value")
+            raise ValueError(
+                f"config variant word {word!r} unknown: use a scale {SCALES}, a method {METHODS}, "
+                "or key=value"
+            )
     return scale, method, extras
 
 
@@ -215,16 +239,17 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.actor.constrained = True
         c.extractor.constrained = True
         c.actor.sampling = _sampling(1.0, 1.0, 0, 16)
-        c.extractor.sampling = _sampling(1.0, 1.0, 0, 64)
-        c.actor.micro_batch = 16
-        c.extractor.micro_batch = 8
+        c.extractor.sampling = _sampling(1.0, 1.0, 0, 192)
+        c.actor.micro_batch = 4
+        c.extractor.micro_batch = 4
         c.extractor.buffer_size = 8
         c.rollout.tasks_per_step = 4
         c.rollout.group_size = 4
-        c.rollout.max_context = 4096
+        c.rollout.max_context = 2048
         c.extractor.max_context = 2048
-        c.extractor.max_entry_chars = 400
-        c.env.max_turns = min(c.env.max_turns, 15)
+        c.extractor.max_entry_chars = 200
+        c.extractor.transcript_chars = 600
+        c.env.max_turns = min(c.env.max_turns, 10)  # ~80 tokens per turn with the tiny BPE vocabulary
         c.env.workers = 2
         c.train.steps = 30
         c.train.eval_tasks = 8

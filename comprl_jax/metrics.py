@@ -54,7 +54,10 @@ class MetricsWriter:
             self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step or None)
 
     def write(self, step: int, metrics: Mapping[str, Any], wall_time: float | None = None) -> dict[str, Any]:
-        record: dict[str, Any] = {"step": int(step), "time": wall_time if wall_time is not None else time.time()}
+        record: dict[str, Any] = {
+            "step": int(step),
+            "time": wall_time if wall_time is not None else time.time(),
+        }
         for k, v in sorted(metrics.items()):
             s = _scalar(v)
             if s is not None:
@@ -143,7 +146,7 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes[0], keys, strict=False):
         for label, path in runs.items():
             rows = [r for r in read_jsonl(path) if key in r]
             if not rows:

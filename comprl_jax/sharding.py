@@ -49,7 +49,9 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     axes = dict(axes)
     unknown = set(axes) - set(MESH_AXES)
     if unknown:
-        raise ValueError(f"mesh axes {sorted(unknown)} are unknown; use a subset of {MESH_AXES} (config key mesh.*)")
+        raise ValueError(
+            f"mesh axes {sorted(unknown)} are unknown; use a subset of {MESH_AXES} (config key mesh.*)"
+        )
     for name in MESH_AXES:
         axes.setdefault(name, 1)
     fill = [k for k, v in axes.items() if v == -1]
@@ -58,7 +60,9 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     fixed = math.prod(v for v in axes.values() if v != -1)
     if fill:
         if num_devices % fixed:
-            raise ValueError(f"cannot fill mesh axis {fill[0]!r}: {num_devices} devices not divisible by {fixed}")
+            raise ValueError(
+                f"cannot fill mesh axis {fill[0]!r}: {num_devices} devices not divisible by {fixed}"
+            )
         axes[fill[0]] = num_devices // fixed
     if math.prod(axes.values()) != num_devices:
         raise ValueError(f"mesh {axes} spans {math.prod(axes.values())} devices but {num_devices} are given")
@@ -78,7 +82,9 @@ def make_mesh(axes: Mapping[str, int] | None = None, devices: Sequence[jax.Devic
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
-def logical_to_spec(names: Sequence[str | None] | None, rules=DEFAULT_RULES, mesh: Mesh | None = None) -> PartitionSpec:
+def logical_to_spec(
+    names: Sequence[str | None] | None, rules=DEFAULT_RULES, mesh: Mesh | None = None
+) -> PartitionSpec:
     """Maps logical axis names to a PartitionSpec. A mesh axis is used at most once (later dims that would reuse
     it are replicated); mesh axes of size 1 are dropped so specs stay readable.
 
@@ -95,12 +101,12 @@ def logical_to_spec(names: Sequence[str | None] | None, rules=DEFAULT_RULES, mes
             out.append(None)
             continue
         if name not in table:
-            raise KeyError(f"logical axis {name!r} has no sharding rule; add it to the rules (known: {sorted(table)})")
+            raise KeyError(
+                f"logical axis {name!r} has no sharding rule; add it to the rules (known: {sorted(table)})"
+            )
         target = table[name]
         targets = (target,) if isinstance(target, str) else tuple(target or ())
-        keep = tuple(
-            t for t in targets if t not in used and (mesh is None or mesh.shape.get(t, 1) > 1)
-        )
+        keep = tuple(t for t in targets if t not in used and (mesh is None or mesh.shape.get(t, 1) > 1))
         used.update(keep)
         out.append(None if not keep else keep[0] if len(keep) == 1 else keep)
     while out and out[-1] is None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # SPEC §11, Table 1 (multi-task; success for MiniHack Room / WebShop, reward for ALFWorld).
 PAPER_TABLE1 = {
-# The last value is the paper's printed average (its rounding, not ours).
+    # The last value is the paper's printed average (its rounding, not ours).
     ("baseline", None): (0.68, 0.81, 0.72, 0.75),
     ("static_online", "with_exp"): (0.41, 0.67, 0.69, 0.59),
     ("static_online", "without_exp"): (0.39, 0.59, 0.64, 0.54),
@@ -36,7 +36,9 @@ def load_run(run_dir: str) -> dict:
     """``{"dir", "method", "experiment", "tasks", "eval"}`` of one run; raises naming the missing file."""
     cfg_path = os.path.join(run_dir, "config.json")
     if not os.path.exists(cfg_path):
-        raise FileNotFoundError(f"{cfg_path} not found: is {run_dir!r} a run directory written by launch/train.py?")
+        raise FileNotFoundError(
+            f"{cfg_path} not found: is {run_dir!r} a run directory written by launch/train.py?"
+        )
     with open(cfg_path) as f:
         cfg = json.load(f)
     ev_path = os.path.join(run_dir, "eval.json")
@@ -44,8 +46,13 @@ def load_run(run_dir: str) -> dict:
     if os.path.exists(ev_path):
         with open(ev_path) as f:
             ev = json.load(f)
-    return {"dir": run_dir, "method": cfg.get("method"), "experiment": cfg.get("experiment"),
-            "tasks": tuple(cfg.get("env", {}).get("tasks", ())), "eval": ev}
+    return {
+        "dir": run_dir,
+        "method": cfg.get("method"),
+        "experiment": cfg.get("experiment"),
+        "tasks": tuple(cfg.get("env", {}).get("tasks", ())),
+        "eval": ev,
+    }
 
 
 def _fmt(x) -> str:
@@ -64,20 +71,24 @@ def table1(runs: Sequence[dict]) -> str:
             section = run["eval"].get(mode or "with_exp") or run["eval"].get("without_exp") or {}
             ours = [section.get(e) for e in TABLE1_ENVS]
         avg_ours = sum(ours) / len(ours) if all(o is not None for o in ours) else None
-        cells = [f"{_fmt(o)} / {p:.2f}" for o, p in zip(ours, paper[:-1])]
-        lines.append(f"| {_LABELS[(method, mode)]} | " + " | ".join(cells) + f" | {_fmt(avg_ours)} / {paper[-1]:.2f} |")
+        cells = [f"{_fmt(o)} / {p:.2f}" for o, p in zip(ours, paper[:-1], strict=True)]
+        lines.append(
+            f"| {_LABELS[(method, mode)]} | " + " | ".join(cells) + f" | {_fmt(avg_ours)} / {paper[-1]:.2f} |"
+        )
     return "\n".join(lines) + "\n\n(cells: ours / paper)"
 
 
 def summary(runs: Sequence[dict]) -> str:
     """Single-task and task-scaling summary: one row per run, mean score with and without experience."""
     lines = ["| run | experiment | method | tasks | with exp. | without exp. |", "|---|---|---|---|---|---|"]
-    for r in runs:
-        def mean(mode):
-            sec = r["eval"].get(mode) or {}
-            vals = [v for v in sec.values() if v is not None]
-            return sum(vals) / len(vals) if vals else None
 
-        lines.append(f"| {os.path.basename(os.path.normpath(r['dir']))} | {r['experiment']} | {r['method']} | "
-                     f"{len(r['tasks'])} | {_fmt(mean('with_exp'))} | {_fmt(mean('without_exp'))} |")
+    def mean(run, mode):
+        vals = [v for v in (run["eval"].get(mode) or {}).values() if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    for r in runs:
+        lines.append(
+            f"| {os.path.basename(os.path.normpath(r['dir']))} | {r['experiment']} | {r['method']} | "
+            f"{len(r['tasks'])} | {_fmt(mean(r, 'with_exp'))} | {_fmt(mean(r, 'without_exp'))} |"
+        )
     return "\n".join(lines)

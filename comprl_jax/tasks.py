@@ -61,10 +61,16 @@ class TaskSampler:
         return out
 
     def state_dict(self) -> dict:
-        return {"env_ids": list(self.env_ids), "tasks_per_step": self.tasks_per_step, "seed": self.seed,
-                "step": self.step}
+        return {
+            "env_ids": list(self.env_ids),
+            "tasks_per_step": self.tasks_per_step,
+            "seed": self.seed,
+            "step": self.step,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         if list(d["env_ids"]) != list(self.env_ids):
-            raise ValueError(f"checkpoint task mixture {d['env_ids']} differs from config env.tasks {self.env_ids}")
+            raise ValueError(
+                f"checkpoint task mixture {d['env_ids']} differs from config env.tasks {self.env_ids}"
+            )
         self.step = int(d["step"])

@@ -10,8 +10,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (still run in CI)")

@@ -39,6 +39,8 @@ def test_plot_curves_writes_png(tmp_path):
         w = MetricsWriter(str(tmp_path / name), tensorboard=False)
         for s in range(10):
             w.write(s, {"success": s / 10, "actions_per_episode": 10 - s})
-    out = plot_curves({"baseline": str(tmp_path / "a/metrics.jsonl"), "crl": str(tmp_path / "b/metrics.jsonl")},
-                      str(tmp_path / "plot.png"))
+    out = plot_curves(
+        {"baseline": str(tmp_path / "a/metrics.jsonl"), "crl": str(tmp_path / "b/metrics.jsonl")},
+        str(tmp_path / "plot.png"),
+    )
     assert os.path.getsize(out) > 1000

@@ -124,7 +124,9 @@ def _attention_dense(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Arra
     return o.reshape(b, t, h * dh).astype(q.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, causal: bool = False) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, causal: bool = False
+) -> jax.Array:
     """Grouped-query attention, plain einsum + mask + softmax in float32 (query-chunked when long).
 
     Args:

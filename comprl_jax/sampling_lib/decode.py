@@ -192,7 +192,19 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
     """
 
     def fn(
-        graphdef, params, cache, tokens, num_new, max_new, key, stops, constraint, *, sp, stop_ids, pad_id,
+        graphdef,
+        params,
+        cache,
+        tokens,
+        num_new,
+        max_new,
+        key,
+        stops,
+        constraint,
+        *,
+        sp,
+        stop_ids,
+        pad_id,
         window=None,
     ):
         return decode(
@@ -214,4 +226,6 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
 
     if wrap is not None:
         fn = wrap(fn)
-    return jax.jit(fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id", "window"), donate_argnums=(2,))
+    return jax.jit(
+        fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id", "window"), donate_argnums=(2,)
+    )

@@ -29,6 +29,7 @@ def train_sentencepiece(
     name: str = "spm",
     ensure_chars: str = string.printable,
     seed_sentences: int = 4,
+    atomic_symbols: str = "",
 ) -> str:
     """Train a SentencePiece model and write it to ``{out_dir}/{name}.model``.
 
@@ -43,6 +44,9 @@ def train_sentencepiece(
       ensure_chars: characters that must be pieces of their own (default: printable ASCII); each is added as
         ``seed_sentences`` one-character training lines (no pairs, so no spurious merges).
       seed_sentences: copies of each ``ensure_chars`` character added to the corpus.
+      atomic_symbols: characters that are always a token of their own and never part of a merge (SentencePiece
+        user-defined symbols), e.g. the glyphs of a game map plus space and newline: a BPE vocabulary then
+        compresses the prose while every map cell stays exactly one token, so grid rows stay aligned.
 
     Returns:
       The path of the ``.model`` file.
@@ -71,7 +75,7 @@ def train_sentencepiece(
         model_type=model_type,
         vocab_size=vocab_size,
         hard_vocab_limit=False,
-        user_defined_symbols=list(CHATML_TOKENS),
+        user_defined_symbols=list(CHATML_TOKENS) + [c for c in dict.fromkeys(atomic_symbols) if c],
         byte_fallback=True,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,

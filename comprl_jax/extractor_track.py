@@ -1,0 +1,190 @@
+"""The extractor side of the loop (SPEC §3-6), on top of :class:`~comprl_jax.experience.ExperienceManager`:
+retrieval for guided rollouts, distillation of finished trajectories, periodic merge, entry rewards into the
+extractor's training buffer, and the generation function the manager calls (the extractor's sampler).
+
+Determinism: the trainer calls every mutating method at fixed points of a step and in a fixed order; the
+generation key of the n-th extractor call is ``fold_in(key(seed), n)`` (n is checkpointed); the Eq. 6 clock is
+logical by default (``step * retrieval.seconds_per_step``). A resumed run therefore replays bit-identically.
+Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
+while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from comprl_jax.experience import (
+    BankConfig,
+    BufferConfig,
+    DistillRequest,
+    ExperienceManager,
+    ManagerConfig,
+    RetrievalConfig,
+)
+from comprl_jax.rollout import Trajectory
+
+_WORD = r"[a-z][a-z ,]{0,%d}"
+
+
+def ops_regex(max_title: int = 20, max_content: int = 80) -> str:
+    """Extractor output grammar for tiny constrained extractors: one short lowercase lesson, or return."""
+    lesson = f"<title>{_WORD % max_title}</title><content>{_WORD % max_content}</content>"
+    add = r'\{"function_name": "add", "parameters": \{"new_memory": "' + lesson + r'"\}\}'
+    ret = r'\{"function_name": "return"\}'
+    return r"<answer>\[(" + add + "|" + ret + r")\]</answer>"
+
+
+class ExtractorTrack:
+    """Owns the ExperienceManager and the extractor's generation for it."""
+
+    def __init__(self, config: Any, embedder: Any, sampler: Any, tokenizer: Any, seed: int):
+        c = self.c = config
+        self.sampler, self.tokenizer, self.seed = sampler, tokenizer, seed
+        self.calls = 0  # extractor generation calls so far (keys are derived from it)
+        self._now = 0.0
+        self.search_ms: list[float] = []
+        self.mgr = ExperienceManager(
+            embedder.embed,
+            embedder.dim,
+            self._extract,
+            bank_cfg=BankConfig(
+                capacity=c.bank.capacity,
+                dedup_threshold=c.bank.dedup_threshold or None,
+                max_entry_chars=c.extractor.max_entry_chars,
+                key=c.bank.key,
+            ),
+            retrieval_cfg=RetrievalConfig(
+                top_k=c.retrieval.k,
+                num_candidates=c.retrieval.candidates,
+                lam=c.retrieval.lam,
+                window_s=c.retrieval.window_s,
+                dropout=c.retrieval.dropout,
+            ),
+            buffer_cfg=BufferConfig(
+                batch_size=c.extractor.buffer_size, cooldown=c.extractor.cooldown, alpha=c.extractor.alpha
+            ),
+            cfg=ManagerConfig(
+                batch=c.manager.query_batch,
+                t_max_s=c.manager.t_max_ms / 1000.0,
+                workers=c.manager.search_workers,
+                merge_chunk=c.bank.merge_chunk,
+                seed=seed,
+            ),
+            clock=lambda: self._now,
+            start_threads=False,  # the trainer drives it at fixed points (determinism)
+        )
+        self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
+        from comprl_jax.sampling import SamplingParams
+
+        s = c.extractor.sampling
+        self.sp = SamplingParams(
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            greedy=s.greedy,
+        )
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="extractor-track")
+
+    # -- the manager's extractor_fn --------------------------------------------------------------------
+    def _extract(self, prompts: Sequence[str]) -> list[str]:
+        if not prompts:
+            return []
+        key = jax.random.fold_in(jax.random.key(self.seed + 7919), self.calls)
+        self.calls += 1
+        tok = self.tokenizer
+        ids = [
+            tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)[0]
+            for p in prompts
+        ]
+        room = self.c.extractor.max_context - self.sp.max_new_tokens
+        ids = [x[-room:] for x in ids]  # keep the end (the op format instructions) if a prompt is too long
+        res = self.sampler.generate(
+            ids, key, self.sp, stop_strings=("</answer>",), constraint=self._constraint
+        )
+        return [
+            tok.decode(res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True)
+            for b in range(len(prompts))
+        ]
+
+    # -- retrieval -------------------------------------------------------------------------------------
+    def set_step(self, step: int) -> None:
+        self._now = (
+            time.time() if self.c.retrieval.clock == "wall" else step * self.c.retrieval.seconds_per_step
+        )
+
+    def retrieve(self, task_ids: Sequence[str], queries: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
+        """(experience block, entry uids) per query, searched in its own task partition."""
+        if not queries:
+            return []
+        t0 = time.perf_counter()
+        got = self.mgr.search(list(queries), list(task_ids))
+        self.search_ms.append((time.perf_counter() - t0) * 1000.0)
+        return [(r.block, tuple(r.uids)) for r in got]
+
+    # -- per-step bookkeeping ------------------------------------------------------------------------
+    def record_outcomes(self, trajs: Sequence[Trajectory]) -> None:
+        """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used."""
+        for t in trajs:
+            if t.spec.guided and t.spec.entry_uids:
+                self.mgr.record_outcome(t.spec.entry_uids, t.success)
+
+    def distill_async(self, trajs: Sequence[Trajectory], step: int) -> cf.Future:
+        reqs = [
+            DistillRequest(
+                task_id=t.spec.task.env_id,
+                goal=t.goal,
+                success=t.success,
+                trajectory=t.transcript_text(self.c.extractor.transcript_chars),
+                query=t.query,
+                retrieved=tuple(t.spec.entry_uids),
+                step=step,
+            )
+            for t in trajs
+            if self.c.extractor.distill_from == "all" or t.spec.guided
+        ]
+        return self._executor.submit(self.mgr.distill, reqs)
+
+    def merge(self, step: int) -> dict:
+        return self.mgr.merge(step)
+
+    def pop_batch(self, step: int):
+        return self.mgr.pop_extractor_batch(step)
+
+    def mark_trained(self, batch, step: int) -> None:
+        self.mgr.mark_trained(batch, step)
+
+    def stats(self) -> dict[str, float]:
+        m = self.mgr
+        out = {f"bank/{k}": float(v) for k, v in m.counts.items()}
+        out["bank/size"] = float(len(m.bank.entries))
+        out["extractor/buffer"] = float(len(m.buffer))
+        if self.search_ms:
+            out["search_ms_p50"] = float(np.percentile(self.search_ms, 50))
+            out["search_ms_p99"] = float(np.percentile(self.search_ms, 99))
+        return out
+
+    # -- persistence (directory per checkpoint step) ----------------------------------------------
+    def save(self, path: str) -> None:
+        self.mgr.save(path)
+        tmp = os.path.join(path, "track.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"calls": self.calls}, f)
+        os.replace(tmp, os.path.join(path, "track.json"))
+
+    def load(self, path: str) -> None:
+        self.mgr.load(path)
+        with open(os.path.join(path, "track.json")) as f:
+            self.calls = int(json.load(f)["calls"])
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.mgr.close()

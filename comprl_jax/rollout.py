@@ -1,0 +1,248 @@
+"""Multi-turn rollouts: env pools (host threads / processes) <-> the actor's sampler (device), token in / token out.
+
+One call runs a whole rollout batch in lock-step turns: every live episode gets one generation per turn (one
+jitted sampler call for the batch), then all env steps run concurrently in the pools. The token ids and the
+assistant mask handed to the trainer are exactly the sampled ones (``Conversation`` keeps them); observations
+are appended to the live KV cache (incremental prefill), never re-encoding the history.
+
+Episode = ``EpisodeSpec`` (task, group member, guided or not, the experience block in its system prompt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from comprl_jax.envs.pool import EnvPool
+from comprl_jax.tasks import Task
+
+EXPERIENCE_HEADER = (
+    "## Experience from earlier episodes\n"
+    "The lessons below were distilled automatically from earlier attempts at similar tasks. They may be partly "
+    "wrong or not fit this exact situation: use what helps, do not follow them blindly.\n"
+)
+
+
+@dataclasses.dataclass
+class EpisodeSpec:
+    task: Task
+    member: int  # index inside the task's group of K
+    guided: bool
+    experience: str = ""  # formatted experience block ("" for free rollouts)
+    entry_uids: tuple = ()  # bank entries shown to this episode
+
+
+@dataclasses.dataclass
+class Trajectory:
+    spec: EpisodeSpec
+    tokens: list[int]
+    loss_mask: list[int]
+    reward: float
+    success: bool
+    turns: int
+    num_invalid: int
+    goal: str
+    query: str
+    transcript: list[tuple[str, str]]  # (observation, reply) per turn, for the extractor
+    final_obs: str
+    error: str | None = None
+
+    def transcript_text(self, max_chars: int) -> str:
+        """``Observation: .. / Action: ..`` lines, keeping the *end* of long episodes (where the outcome is)."""
+        lines = []
+        for obs, reply in self.transcript:
+            lines.append(f"Observation: {obs.strip()}\nAction: {reply.strip()}")
+        lines.append(f"Final observation: {self.final_obs.strip()}")
+        text = "\n".join(lines)
+        return text if len(text) <= max_chars else "...\n" + text[-max_chars:]
+
+
+def system_message(base_prompt: str, experience: str) -> str:
+    if not experience:
+        return base_prompt
+    return f"{base_prompt}\n\n{EXPERIENCE_HEADER}{experience}"
+
+
+class Pools:
+    """One :class:`EnvPool` per env id of the mixture, each with ``slots`` lanes, plus each env's system prompt."""
+
+    def __init__(
+        self,
+        env_ids: Sequence[str],
+        slots_per_env: int,
+        workers: int,
+        backend: str,
+        max_turns: int,
+        timeout_s: float,
+    ):
+        from comprl_jax.envs import registry
+
+        self.pools: dict[str, EnvPool] = {}
+        self.system_prompts: dict[str, str] = {}
+        for env_id in env_ids:
+            self.pools[env_id] = EnvPool(
+                env_id,
+                slots_per_env,
+                num_workers=workers,
+                backend=backend,
+                env_kwargs={"max_turns": max_turns},
+                timeout_s=timeout_s,
+            )
+            # The system prompt is static per env class; read it off one local instance (no reset needed).
+            env = registry.make(env_id, max_turns=max_turns)
+            try:
+                self.system_prompts[env_id] = env.system_prompt()
+            finally:
+                env.close()
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+
+
+def reset_all(pools: Pools, specs: Sequence[EpisodeSpec]) -> list[tuple[str, dict]]:
+    """Resets every episode (the K of a group share the task seed) and returns ``(obs, info)`` per spec."""
+    slot_of = _slots(specs)
+    futs = [pools.pools[s.task.env_id].submit_reset(slot_of[i], s.task.seed) for i, s in enumerate(specs)]
+    return [f.result() for f in futs]
+
+
+def _slots(specs: Sequence[EpisodeSpec]) -> list[int]:
+    """Slot index per spec, counted per env id in order."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in specs:
+        out.append(seen.get(s.task.env_id, 0))
+        seen[s.task.env_id] = out[-1] + 1
+    return out
+
+
+def run_episodes(
+    pools: Pools,
+    specs: Sequence[EpisodeSpec],
+    resets: Sequence[tuple[str, dict]],
+    sampler: Any,
+    tokenizer: Any,
+    sp: Any,
+    key: jax.Array,
+    *,
+    max_turns: int,
+    max_len: int,
+    constraint_for: Any = None,
+    stop_strings: Sequence[str] = ("</answer>",),
+) -> tuple[list[Trajectory], dict[str, float]]:
+    """Plays all episodes to the end. Returns trajectories (spec order) and timing stats.
+
+    Args:
+      specs / resets: episodes and their ``(obs, info)`` from :func:`reset_all`.
+      sampler: the actor's ``SamplerService``; tokenizer: its ``Tokenizer``; sp: ``SamplingParams``.
+      key: PRNG key (split per turn).
+      constraint_for: ``env_id -> TokenAutomaton | None`` (constrained decoding for tiny models).
+    """
+    B = len(specs)
+    slot_of = _slots(specs)
+    conv = sampler.conversation(batch=B, max_len=max_len)
+    first: list[list[int] | None] = []
+    for s, (obs, _) in zip(specs, resets, strict=True):
+        msgs = [
+            {"role": "system", "content": system_message(pools.system_prompts[s.task.env_id], s.experience)},
+            {"role": "user", "content": f"Observation: {obs}"},
+        ]
+        ids, _ = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+        first.append(ids)
+    im_end = tokenizer.special_ids.get("<|im_end|>")
+    live = [not r[1].get("failed", False) for r in resets]
+    obs_now = [r[0] for r in resets]
+    transcripts: list[list[tuple[str, str]]] = [[] for _ in range(B)]
+    reward = [0.0] * B
+    success = [False] * B
+    turns = [0] * B
+    invalid = [0] * B
+    errors: list[str | None] = [r[1].get("error") for r in resets]
+    pending = first
+    t_gen = t_env = 0.0
+    env_ids = sorted({s.task.env_id for s in specs})
+    for _turn in range(max_turns):
+        if not any(live):
+            break
+        key, sub = jax.random.split(key)
+        inputs = [pending[b] if live[b] else None for b in range(B)]
+        t0 = time.perf_counter()
+        # One jitted call per env id present (constraints differ per env); usually a single call.
+        replies: list[str] = [""] * B
+        for env_id in env_ids:
+            rows = [inputs[b] if specs[b].task.env_id == env_id else None for b in range(B)]
+            if not any(r is not None for r in rows):
+                continue
+            constraint = constraint_for(env_id) if constraint_for else None
+            res = conv.turn(rows, sub, sp, stop_strings=stop_strings, constraint=constraint)
+            for b, r in enumerate(rows):
+                if r is not None:
+                    replies[b] = tokenizer.decode(
+                        res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True
+                    )
+        t1 = time.perf_counter()
+        futs = {
+            b: pools.pools[specs[b].task.env_id].submit_step(slot_of[b], replies[b])
+            for b in range(B)
+            if live[b]
+        }
+        for b, fut in futs.items():
+            o, r, term, trunc, info = fut.result()
+            transcripts[b].append((obs_now[b], replies[b]))
+            turns[b] += 1
+            reward[b] += float(r)
+            invalid[b] = int(info.get("num_invalid", invalid[b]))
+            success[b] = bool(info.get("success", False))
+            if info.get("error"):
+                errors[b] = str(info["error"])
+            obs_now[b] = o
+            if term or trunc:
+                live[b] = False
+                continue
+            # Close the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0).
+            ids = conv.ids[b]
+            close = im_end is not None and (not ids or ids[-1] != im_end)
+            cont, _ = tokenizer.encode_chat_continuation(
+                [{"role": "user", "content": f"Observation: {o}"}], add_generation_prompt=True
+            )
+            pending[b] = ([im_end] if close else []) + cont
+        t_env += time.perf_counter() - t1
+        t_gen += t1 - t0
+    trajs = []
+    for b, s in enumerate(specs):
+        ids, mask = conv.tokens(b)
+        info0 = resets[b][1]
+        trajs.append(
+            Trajectory(
+                spec=s,
+                tokens=ids,
+                loss_mask=mask,
+                reward=reward[b],
+                success=success[b],
+                turns=turns[b],
+                num_invalid=invalid[b],
+                goal=str(info0.get("goal", "")),
+                query=str(info0.get("query", "")),
+                transcript=transcripts[b],
+                final_obs=obs_now[b],
+                error=errors[b],
+            )
+        )
+    return trajs, {"gen_s": t_gen, "env_s": t_env}
+
+
+def outcome(traj: Trajectory, env_id: str) -> float:
+    """Scalar outcome used as the RL reward: binary success (ALFWorld: +1 / -1, SPEC §2)."""
+    if "ALFWorld" in env_id:
+        return 1.0 if traj.success else -1.0
+    return 1.0 if traj.success else 0.0
+
+
+def success_rate(trajs: Sequence[Trajectory]) -> float:
+    return float(np.mean([t.success for t in trajs])) if trajs else 0.0

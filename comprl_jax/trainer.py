@@ -1,0 +1,476 @@
+"""The Complementary RL loop (SPEC §6) with every baseline of §8, exact resume, metrics and evaluation.
+
+Step s (sections below follow this order):
+  1. tasks      draw tasks x K rollouts; K/2 guided (retrieved entry in the system prompt), K/2 free.
+  2. rollout    play all episodes (env pools <-> actor sampler), token in / token out.
+  3. advantages subgroup-normalised (guided vs free) outcome advantages.
+  4. extractor  record entry rewards; start distilling this step's trajectories in the background thread.
+  5. actor      old logprobs + one PPO-clip update (overlaps the extractor's generation via async dispatch).
+  6. bank       apply the distilled ops in trajectory order; merge every ``bank.merge_every`` steps;
+                an extractor CISPO update whenever the buffer holds ``extractor.buffer_size`` samples.
+  7. log / checkpoint.
+All bank mutations happen at fixed points of the step in a fixed order, so a resumed run is bit-identical.
+
+Baselines: ``baseline`` (no experience, all K free, no extractor), ``static_online`` (extractor never updated),
+``exp_only`` (actor frozen), ``offline`` (bank built by the frozen extractor during ``actor.warmup_steps``
+with a frozen actor, then fixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from comprl_jax import batching
+from comprl_jax import metrics as mlib
+from comprl_jax.checkpoint import RunCheckpointer
+from comprl_jax.extractor_track import ExtractorTrack
+from comprl_jax.model_zoo import LoadedModel, load_model, tiny_tokenizer
+from comprl_jax.models import decoder
+from comprl_jax.rl import (
+    ActorLossConfig,
+    ExtractorLossConfig,
+    OptimConfig,
+    create_train_state,
+    extractor_advantages,
+    make_logprob_fn,
+    make_optimizer,
+    make_update_fn,
+    subgroup_advantages,
+)
+from comprl_jax.rollout import EpisodeSpec, Pools, outcome, reset_all, run_episodes
+from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
+from comprl_jax.tasks import TaskSampler
+
+log = logging.getLogger(__name__)
+
+ACTIONS_TINY_PREFIX = "<answer>"
+
+
+def _sp(s) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        greedy=s.greedy,
+    )
+
+
+@dataclasses.dataclass
+class Role:
+    """One trained LLM (actor or extractor): model, train state, jitted functions, sampler."""
+
+    model: LoadedModel
+    state: Any
+    update: Any
+    logprobs: Any
+    sampler: SamplerService
+    micro_batch: int
+
+
+def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int) -> Role:
+    """``batch_rows``: rows of every update batch of this role (fixed: one rollout batch / one buffer pop)."""
+    if batch_rows % c.micro_batch:
+        raise ValueError(
+            f"config key {kind}.micro_batch={c.micro_batch} must divide the {kind} batch of {batch_rows} rows"
+        )
+    m = batch_rows // c.micro_batch
+    tx = make_optimizer(OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip))
+    state = create_train_state(model.params, tx)
+    logits_fn = functools.partial(decoder.forward, model.graphdef)
+    update = make_update_fn(logits_fn, kind, loss_cfg, tx, num_micro_batches=m)
+    logprobs = make_logprob_fn(logits_fn, num_micro_batches=m)
+    tok = model.tokenizer
+    stop_ids = [i for i in (tok.eos_id, tok.special_ids.get("<|im_end|>")) if i is not None]
+    sampler = SamplerService(
+        model.graphdef,
+        state.params,
+        model.cfg,
+        vocab=vocab_bytes(tok, model.cfg.vocab_size),
+        stop_token_ids=stop_ids,
+        pad_id=tok.pad_id,
+    )
+    return Role(model, state, update, logprobs, sampler, c.micro_batch)
+
+
+def _train_role(role: Role, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """Old logprobs with the pre-update params, then one optimizer step; params pushed to the sampler."""
+    batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+    batch["old_logprobs"] = role.logprobs(role.state.params, batch)
+    role.state, m = role.update(role.state, batch)
+    role.sampler.update_params(role.state.params)
+    return m
+
+
+class Trainer:
+    def __init__(self, config, workdir: str):
+        self.c = c = config
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        self.experience = c.method != "baseline"
+        self.train_actor = c.method != "exp_only"
+        self.train_extractor = (
+            self.experience and c.extractor.update and c.method not in ("static_online", "offline")
+        )
+        self.tasks = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, c.seed)
+        slots = c.rollout.tasks_per_step * c.rollout.group_size
+        self.pools = Pools(
+            c.env.tasks, slots, c.env.workers, c.env.backend, c.env.max_turns, c.env.step_timeout_s
+        )
+        tok = None
+        if "tiny" in (c.actor.model, c.extractor.model):
+            tok = tiny_tokenizer(self._corpus(), os.path.join(workdir, "tokenizer"))
+        self.actor = _role(
+            load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed),
+            "actor",
+            c.actor,
+            ActorLossConfig(
+                clip_eps=c.actor.clip_eps,
+                ratio=c.actor.ratio,
+                loss_agg=c.actor.loss_agg,
+                subgroup_mean=c.actor.subgroup_mean,
+            ),
+            slots * len(c.env.tasks),
+        )
+        self.extractor = None
+        self.track = None
+        if self.experience:
+            self.extractor = _role(
+                load_model(c.extractor.model, role="extractor", tokenizer=tok, seed=c.seed + 1),
+                "extractor",
+                c.extractor,
+                ExtractorLossConfig(clip_eps=c.extractor.cispo_eps, loss_agg=c.extractor.loss_agg),
+                c.extractor.buffer_size,
+            )
+            from comprl_jax.models.embedders import get_embedder
+
+            self.track = ExtractorTrack(
+                c,
+                get_embedder(c.retrieval.embedder),
+                self.extractor.sampler,
+                self.extractor.model.tokenizer,
+                c.seed,
+            )
+        self.actor_sp = _sp(c.actor.sampling)
+        self._constraints: dict[str, Any] = {}
+        self.step = 0
+        self.key = jax.random.key(c.seed)
+        self.ckpt = RunCheckpointer(
+            os.path.join(workdir, "checkpoints"), c.checkpoint.every, c.checkpoint.max_to_keep
+        )
+
+    # -- set-up helpers ------------------------------------------------------------------------------
+    def _corpus(self) -> list[str]:
+        from comprl_jax.experience import ops as xops
+
+        text = [p for p in self.pools.system_prompts.values()]
+        text += [
+            xops.distill_prompt("goal", True, "Observation: x\nAction: y", ["<title>a</title>"], 10),
+            xops.merge_prompt(["<title>a</title><content>b</content>"], 10),
+        ]
+        text += ["Observation: ", '{"function_name": "add", "parameters": {"new_memory": "'] * 4
+        return text
+
+    def _constraint(self, env_id: str):
+        if not self.c.actor.constrained:
+            return None
+        if env_id not in self._constraints:
+            from comprl_jax.envs import registry
+
+            env = registry.make(env_id, max_turns=self.c.env.max_turns)
+            try:
+                actions = getattr(env, "actions", None)
+                if not actions:
+                    raise ValueError(
+                        f"actor.constrained needs {env_id} to expose its action names (env.actions)"
+                    )
+                strings = tuple(f"<answer>{a}</answer>" for a in actions)
+            finally:
+                env.close()
+            self._constraints[env_id] = self.actor.sampler.strings_constraint(strings)
+        return self._constraints[env_id]
+
+    # -- state -----------------------------------------------------------------------------------------
+    def _train_tree(self):
+        tree = {"actor": self.actor.state, "key": jax.random.key_data(self.key)}
+        if self.extractor is not None:
+            tree["extractor"] = self.extractor.state
+        return tree
+
+    def _experience_dir(self, step: int) -> str:
+        return os.path.join(self.workdir, "experience", str(step))
+
+    def save(self, force: bool = False) -> bool:
+        """Experience store first (its own atomic directory per step), then the Orbax step that refers to it: a
+        crash in between leaves no Orbax step, so resume falls back to a step whose store exists."""
+        if not force and self.step % self.ckpt.save_every:
+            return False
+        if self.track is not None:
+            self.track.save(self._experience_dir(self.step))
+        host = {
+            "step": self.step,
+            "tasks": self.tasks.state_dict(),
+            "config": json.loads(self.c.to_json_best_effort()),
+        }
+        saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
+        self._prune_experience()
+        return saved
+
+    def _prune_experience(self) -> None:
+        root = os.path.join(self.workdir, "experience")
+        if not os.path.isdir(root):
+            return
+        keep = {str(s) for s in self.ckpt.all_steps()}
+        for name in os.listdir(root):
+            if name.isdigit() and name not in keep and int(name) < self.step:
+                import shutil
+
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+    def restore(self) -> bool:
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._train_tree()
+        )
+        got = self.ckpt.restore_latest(abstract)
+        if got is None:
+            return False
+        step, train, arrays, host = got
+        self.actor.state = train["actor"]
+        self.actor.sampler.update_params(self.actor.state.params)
+        if self.extractor is not None:
+            self.extractor.state = train["extractor"]
+            self.extractor.sampler.update_params(self.extractor.state.params)
+        self.key = jax.random.wrap_key_data(train["key"])
+        self.step = int(host["step"])
+        self.tasks.load_state_dict(host["tasks"])
+        if self.track is not None:
+            self.track.load(self._experience_dir(self.step))
+        log.info("resumed from step %d in %s", step, self.ckpt.directory)
+        return True
+
+    # -- one step ----------------------------------------------------------------------------------------
+    def _specs(self, tasks, guided_ok: bool) -> list[EpisodeSpec]:
+        K = self.c.rollout.group_size
+        return [EpisodeSpec(t, k, guided_ok and k < K // 2) for t in tasks for k in range(K)]
+
+    def rollout(self, tasks, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
+        specs = self._specs(tasks, guided_ok)
+        t0 = time.perf_counter()
+        resets = reset_all(self.pools, specs)
+        if guided_ok and self.track is not None:
+            self.track.set_step(step)
+            gi = [i for i, s in enumerate(specs) if s.guided]
+            got = self.track.retrieve(
+                [specs[i].task.env_id for i in gi], [resets[i][1].get("query", "") for i in gi]
+            )
+            for i, (block, uids) in zip(gi, got, strict=True):
+                specs[i].experience, specs[i].entry_uids = block, uids
+        trajs, timing = run_episodes(
+            self.pools,
+            specs,
+            resets,
+            self.actor.sampler,
+            self.actor.model.tokenizer,
+            self.actor_sp,
+            key,
+            max_turns=self.c.env.max_turns,
+            max_len=self.c.rollout.max_context,
+            constraint_for=self._constraint if self.c.actor.constrained else None,
+        )
+        timing["rollout_s"] = time.perf_counter() - t0
+        return trajs, timing
+
+    def train_step(self) -> dict[str, float]:
+        c, step = self.c, self.step
+        self.key, k_roll = jax.random.split(self.key)
+        tasks = self.tasks.next()
+        offline_frozen = c.method == "offline" and step >= c.actor.warmup_steps
+        trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
+        rewards = np.array([outcome(t, t.spec.task.env_id) for t in trajs], np.float32)
+        K = c.rollout.group_size
+        sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
+        adv = np.asarray(
+            subgroup_advantages(rewards.reshape(-1, K), sub.reshape(-1, K), c.actor.adv_norm, c.actor.adv_eps)
+        ).reshape(-1)
+        m: dict[str, float] = {}
+        fut = None
+        t_x = time.perf_counter()
+        if self.track is not None:
+            self.track.record_outcomes(trajs)
+            if not offline_frozen:
+                fut = self.track.distill_async(trajs, step)
+        t_up = time.perf_counter()
+        if (
+            self.train_actor
+            and step >= c.actor.warmup_steps
+            and c.method != "offline"
+            or (c.method == "offline" and offline_frozen)
+        ):
+            batch = batching.pack(
+                [t.tokens for t in trajs],
+                [_shift_free(t.loss_mask) for t in trajs],
+                self.actor.model.tokenizer.pad_id,
+            )
+            batch.pop("row_valid")
+            batch["advantages"] = adv
+            batch["subgroup"] = sub
+            am = _train_role(self.actor, batch)
+            m.update({f"actor/{k}": v for k, v in jax.device_get(am).items()})
+        m["time/update_s"] = time.perf_counter() - t_up
+        if fut is not None:
+            fut.result()  # distillation of this step's trajectories (ran during the actor update)
+            if c.bank.merge and (step + 1) % c.bank.merge_every == 0:
+                self.track.merge(step)
+            if self.train_extractor:
+                xb = self.track.pop_batch(step)
+                if xb is not None:
+                    m.update({f"extractor/{k}": v for k, v in self._extractor_update(xb, step).items()})
+        if self.track is not None:
+            m.update(self.track.stats())
+        m["time/extraction_s"] = time.perf_counter() - t_x - m["time/update_s"]
+        self.step += 1
+        m.update(_rollout_metrics(trajs, rewards, c.env.tasks))
+        m["time/rollout_s"] = timing["rollout_s"]
+        m["time/gen_s"] = timing["gen_s"]
+        m["time/env_s"] = timing["env_s"]
+        gen = sum(sum(t.loss_mask) for t in trajs)
+        m["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
+        return m
+
+    def _extractor_update(self, xb, step: int) -> dict[str, float]:
+        tok = self.extractor.model.tokenizer
+        seqs, masks = [], []
+        for p, r in zip(xb.prompts, xb.responses, strict=True):
+            ids, _ = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+            resp = tok.encode(r)
+            seqs.append(ids + resp)
+            masks.append([0] * len(ids) + [1] * len(resp))
+        batch = batching.pack(seqs, masks, tok.pad_id)
+        batch.pop("row_valid")
+        # Unweighted r - mean; the loss applies the Eq. 7 weights through sample_weight (once).
+        batch["advantages"] = np.asarray(extractor_advantages(xb.rewards), np.float32)
+        batch["sample_weight"] = np.asarray(xb.weights, np.float32)
+        out = jax.device_get(_train_role(self.extractor, batch))
+        self.track.mark_trained(xb, step)
+        out["reward_mean"] = float(np.mean(xb.rewards))
+        return out
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, float]:
+        """Held-out tasks (disjoint seed range); greedy-free sampling as in training; per-env success."""
+        tasks = self.tasks.eval_tasks(n_per_task)
+        K = self.c.rollout.group_size
+        slots = self.c.rollout.tasks_per_step * K
+        scores: dict[str, list[float]] = {}
+        key = jax.random.key(self.c.seed + 12345)
+        per_call = max(slots // K, 1)
+        for i in range(0, len(tasks), per_call):
+            chunk = tasks[i : i + per_call]
+            key, sub = jax.random.split(key)
+            trajs, _ = self.rollout(
+                chunk, guided_ok=with_experience and self.track is not None, step=self.step, key=sub
+            )
+            for t in trajs:
+                if with_experience and self.track is not None and not t.spec.guided:
+                    continue
+                if not with_experience and t.spec.guided:
+                    continue
+                scores.setdefault(t.spec.task.env_id, []).append(outcome(t, t.spec.task.env_id))
+        return {k: float(np.mean(v)) for k, v in scores.items()}
+
+    def close(self) -> None:
+        self.pools.close()
+        if self.track is not None:
+            self.track.close()
+        self.ckpt.close()
+
+
+def _shift_free(mask: list[int]) -> list[int]:
+    """Token 0 has no prediction: never in the loss."""
+    return [0] + list(mask[1:]) if mask else mask
+
+
+def _rollout_metrics(trajs, rewards, env_ids) -> dict[str, float]:
+    m = {
+        "success": float(np.mean([t.success for t in trajs])),
+        "reward": float(np.mean(rewards)),
+        "actions_per_episode": float(np.mean([t.turns for t in trajs])),
+        "invalid_per_episode": float(np.mean([t.num_invalid for t in trajs])),
+        "env_errors": float(sum(t.error is not None for t in trajs)),
+    }
+    for name, g in (("guided", True), ("free", False)):
+        sel = [t.success for t in trajs if t.spec.guided == g]
+        if sel:
+            m[f"success/{name}"] = float(np.mean(sel))
+    if len(env_ids) > 1:
+        for e in env_ids:
+            sel = [t.success for t in trajs if t.spec.task.env_id == e]
+            if sel:
+                m[f"success/{e.split('/')[-1]}"] = float(np.mean(sel))
+    return m
+
+
+def run(config, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Trains ``config`` in ``workdir`` (auto-resume), evaluates at the end, writes metrics, plot and eval.json.
+
+    Args:
+      stop_after: stop (with a checkpoint) after this many steps of *this* invocation (tests, preemption drills).
+    Returns:
+      ``{"step", "last_metrics", "eval"}``.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    tr = Trainer(config, workdir)
+    try:
+        resumed = tr.restore()
+        writer = mlib.MetricsWriter(workdir, resume_step=tr.step if resumed else 0)
+        mlib.start_memory_tracking(workdir)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=config.train.steps, initial=tr.step, desc=config.experiment, unit="step")
+        last: dict[str, float] = {}
+        done_here = 0
+        while tr.step < config.train.steps:
+            t0 = time.perf_counter()
+            m = tr.train_step()
+            m["time/step_s"] = time.perf_counter() - t0
+            mem = mlib.device_memory_mb()
+            if mem is not None:
+                m["device_mem_mb"] = mem
+            last = writer.write(tr.step - 1, m)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(success=f"{m['success']:.2f}", bank=int(m.get("bank/size", 0)))
+            tr.save()
+            done_here += 1
+            if stop_after is not None and done_here >= stop_after:
+                break
+        tr.save(force=True)
+        writer.flush()
+        result: dict[str, Any] = {"step": tr.step, "last_metrics": last}
+        if tr.step >= config.train.steps:
+            ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
+            if tr.track is not None:
+                ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
+            with open(os.path.join(workdir, "eval.json"), "w") as f:
+                json.dump(ev, f, indent=2)
+            result["eval"] = ev
+            mlib.plot_curves({config.method: writer.path}, os.path.join(workdir, "curves.png"))
+        writer.close()
+        if bar is not None:
+            bar.close()
+        return result
+    finally:
+        tr.close()
