@@ -91,6 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.bank.merge_every = 5
     c.bank.merge_chunk = 5
     c.bank.merge = True
+    c.bank.offline_build_steps = (
+        5  # Offline Exp.: steps that build the bank (actor frozen) before it is fixed
+    )
 
     c.retrieval = ml_collections.ConfigDict()
     c.retrieval.k = 1
@@ -238,7 +241,9 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.extractor.lr = 1e-3
         c.actor.constrained = True
         c.extractor.constrained = True
-        c.actor.sampling = _sampling(1.0, 1.0, 0, 16)
+        c.actor.sampling = _sampling(
+            1.0, 1.0, 0, 32
+        )  # a constrained action may be spelled in up to 26 tokens
         c.extractor.sampling = _sampling(1.0, 1.0, 0, 192)
         c.actor.micro_batch = 4
         c.extractor.micro_batch = 4
@@ -254,6 +259,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.train.steps = 30
         c.train.eval_tasks = 8
         c.checkpoint.every = 5
+        c.bank.offline_build_steps = 1
         c.retrieval.search_and_ask = False
         c.manager.search_workers = 2
         c.manager.embed_workers = 1

@@ -166,7 +166,7 @@ class ExtractorTrack:
         m = self.mgr
         out = {f"bank/{k}": float(v) for k, v in m.counts.items()}
         out["bank/size"] = float(len(m.bank.entries))
-        out["extractor/buffer"] = float(len(m.buffer))
+        out["bank/extractor_buffer"] = float(len(m.buffer))
         if self.search_ms:
             out["search_ms_p50"] = float(np.percentile(self.search_ms, 50))
             out["search_ms_p99"] = float(np.percentile(self.search_ms, 99))
@@ -174,16 +174,38 @@ class ExtractorTrack:
 
     # -- persistence (directory per checkpoint step) ----------------------------------------------
     def save(self, path: str) -> None:
+        """The manager's store, plus this track's call counter and the query-embedding cache: a resumed run
+        must see the same cache hits (an embedding computed in another batch may differ in the last bit)."""
         self.mgr.save(path)
+        cache = self.mgr.cache
+        with cache._lock:
+            keys = list(cache._cache)
+            vecs = (
+                np.stack([cache._cache[k] for k in keys])
+                if keys
+                else np.zeros((0, self.mgr.bank.dim), np.float32)
+            )
+        np.save(os.path.join(path, "query_cache.npy"), vecs.astype(np.float32), allow_pickle=False)
         tmp = os.path.join(path, "track.json.tmp")
         with open(tmp, "w") as f:
-            json.dump({"calls": self.calls}, f)
+            json.dump({"calls": self.calls, "query_cache_keys": keys}, f)
         os.replace(tmp, os.path.join(path, "track.json"))
 
     def load(self, path: str) -> None:
         self.mgr.load(path)
         with open(os.path.join(path, "track.json")) as f:
-            self.calls = int(json.load(f)["calls"])
+            meta = json.load(f)
+        self.calls = int(meta["calls"])
+        vecs = np.load(os.path.join(path, "query_cache.npy"), allow_pickle=False)
+        if len(vecs) != len(meta["query_cache_keys"]):
+            raise ValueError(
+                f"{path}: query cache has {len(vecs)} vectors for {len(meta['query_cache_keys'])} keys"
+            )
+        cache = self.mgr.cache
+        with cache._lock:
+            cache._cache.clear()
+            for k, v in zip(meta["query_cache_keys"], vecs, strict=True):
+                cache._cache[k] = np.asarray(v, np.float32)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

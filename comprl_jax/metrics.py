@@ -104,13 +104,21 @@ def percentiles(values: Iterable[float], qs=(50, 90, 99)) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(arr, q)) for q in qs}
 
 
-def start_memory_tracking(workdir: str) -> bool:
-    """Starts jax-smi's background memory sampler (device memory profile in /dev/shm; inspect with the
-    ``jax-smi`` command). Returns False where it cannot run (e.g. no /dev/shm)."""
+_TRACKING = False
+
+
+def start_memory_tracking() -> bool:
+    """Starts jax-smi's background memory sampler once per process (device memory profile in /dev/shm; inspect
+    with the ``jax-smi`` command): its thread rewrites one fixed file, so a second sampler would race it.
+    Returns False where it cannot run (e.g. no /dev/shm)."""
+    global _TRACKING
+    if _TRACKING:
+        return True
     try:
         from jax_smi import initialise_tracking
 
         initialise_tracking()
+        _TRACKING = True
         return True
     except Exception:  # noqa: BLE001 -- memory tracking is best-effort observability
         return False

@@ -51,6 +51,7 @@ class Trajectory:
     transcript: list[tuple[str, str]]  # (observation, reply) per turn, for the extractor
     final_obs: str
     error: str | None = None
+    context_full: bool = False  # ended because the actor's context (rollout.max_context) was full
 
     def transcript_text(self, max_chars: int) -> str:
         """``Observation: .. / Action: ..`` lines, keeping the *end* of long episodes (where the outcome is)."""
@@ -164,6 +165,7 @@ def run_episodes(
     turns = [0] * B
     invalid = [0] * B
     errors: list[str | None] = [r[1].get("error") for r in resets]
+    context_full = [False] * B
     pending = first
     t_gen = t_env = 0.0
     env_ids = sorted({s.task.env_id for s in specs})
@@ -171,6 +173,11 @@ def run_episodes(
         if not any(live):
             break
         key, sub = jax.random.split(key)
+        for b in range(B):
+            # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
+            if live[b] and len(conv.ids[b]) + len(pending[b]) + sp.max_new_tokens > max_len:
+                live[b] = False
+                context_full[b] = True
         inputs = [pending[b] if live[b] else None for b in range(B)]
         t0 = time.perf_counter()
         # One jitted call per env id present (constraints differ per env); usually a single call.

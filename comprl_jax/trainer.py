@@ -170,14 +170,27 @@ class Trainer:
 
     # -- set-up helpers ------------------------------------------------------------------------------
     def _corpus(self) -> list[str]:
+        """Text the tiny tokenizer is trained on: system prompts, a few real first observations per env, and
+        the extractor's prompt templates and op format."""
         from comprl_jax.experience import ops as xops
 
-        text = [p for p in self.pools.system_prompts.values()]
+        text = list(self.pools.system_prompts.values())
+        for pool in self.pools.pools.values():
+            for seed in range(3):
+                obs, info = pool.submit_reset(0, seed).result()
+                text.append(f"Observation: {obs}")
+                text.append(str(info.get("goal", "")))
         text += [
-            xops.distill_prompt("goal", True, "Observation: x\nAction: y", ["<title>a</title>"], 10),
+            xops.distill_prompt(
+                "goal", True, "Observation: x\nAction: y", ["<title>a</title><content>b</content>"], 10
+            ),
             xops.merge_prompt(["<title>a</title><content>b</content>"], 10),
         ]
-        text += ["Observation: ", '{"function_name": "add", "parameters": {"new_memory": "'] * 4
+        text += [
+            "Observation: ",
+            '[{"function_name": "add", "parameters": {"new_memory": "',
+            '{"function_name": "return"}',
+        ]
         return text
 
     def _constraint(self, env_id: str):
@@ -188,15 +201,19 @@ class Trainer:
 
             env = registry.make(env_id, max_turns=self.c.env.max_turns)
             try:
-                actions = getattr(env, "actions", None)
-                if not actions:
-                    raise ValueError(
-                        f"actor.constrained needs {env_id} to expose its action names (env.actions)"
-                    )
-                strings = tuple(f"<answer>{a}</answer>" for a in actions)
+                actions = getattr(env, "actions", None)  # a static action set (MiniHack, Sokoban)
+                regex = getattr(env, "action_regex", None)  # else the action syntax (ALFWorld, WebShop)
             finally:
                 env.close()
-            self._constraints[env_id] = self.actor.sampler.strings_constraint(strings)
+            if actions:
+                c = self.actor.sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
+            elif regex:
+                c = self.actor.sampler.regex_constraint(regex)
+            else:
+                raise ValueError(
+                    f"actor.constrained needs {env_id} to expose env.actions or env.action_regex"
+                )
+            self._constraints[env_id] = c
         return self._constraints[env_id]
 
     # -- state -----------------------------------------------------------------------------------------
@@ -293,7 +310,8 @@ class Trainer:
         c, step = self.c, self.step
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
-        offline_frozen = c.method == "offline" and step >= c.actor.warmup_steps
+        # Offline Exp.: the first bank.offline_build_steps steps build the bank (actor frozen), then it is fixed.
+        building = c.method == "offline" and step < c.bank.offline_build_steps
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
         rewards = np.array([outcome(t, t.spec.task.env_id) for t in trajs], np.float32)
         K = c.rollout.group_size
@@ -306,15 +324,10 @@ class Trainer:
         t_x = time.perf_counter()
         if self.track is not None:
             self.track.record_outcomes(trajs)
-            if not offline_frozen:
+            if c.method != "offline" or building:
                 fut = self.track.distill_async(trajs, step)
         t_up = time.perf_counter()
-        if (
-            self.train_actor
-            and step >= c.actor.warmup_steps
-            and c.method != "offline"
-            or (c.method == "offline" and offline_frozen)
-        ):
+        if self.train_actor and step >= c.actor.warmup_steps and not building:
             batch = batching.pack(
                 [t.tokens for t in trajs],
                 [_shift_free(t.loss_mask) for t in trajs],
@@ -434,7 +447,7 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
     try:
         resumed = tr.restore()
         writer = mlib.MetricsWriter(workdir, resume_step=tr.step if resumed else 0)
-        mlib.start_memory_tracking(workdir)
+        mlib.start_memory_tracking()
         bar = None
         if progress:
             from tqdm import tqdm

@@ -73,6 +73,11 @@ class ALFWorldEnv(TextEnv):
         show_admissible: append the admissible actions to every observation (the actor has no other way to see them).
     """
 
+    # Constrained decoding for tiny models (SPEC: "their actions always parse"): the admissible set changes every
+    # turn, so the grammar is the action *syntax*; an admissible-but-wrong or inadmissible action is still
+    # possible and is handled as an invalid action. ALFWorld commands are lowercase words and numbers ("go to cabinet 1").
+    action_regex = r"<answer>[a-z0-9][a-z0-9 ]{0,59}</answer>"
+
     def __init__(
         self,
         split: str = "train",

@@ -128,6 +128,8 @@ def normalize_action(text: str | None) -> str | None:
 class SokobanTextEnv(TextEnv):
     """Sokoban ``dim`` x ``dim`` (walls included) with ``num_boxes`` boxes; actions up / down / left / right."""
 
+    actions = tuple(MOVES)  # the static action set (constrained decoding, prompts)
+
     def __init__(self, dim: int = 6, num_boxes: int = 2, max_turns: int = 30):
         super().__init__(max_turns)
         self.dim, self.num_boxes = int(dim), int(num_boxes)

@@ -54,6 +54,13 @@ class WebShopEnv(TextEnv):
         show_admissible: append the admissible actions to every observation.
     """
 
+    # Constrained decoding for tiny models (SPEC: "their actions always parse"): the admissible set changes every
+    # turn, so the grammar is the action *syntax*; an admissible-but-wrong or inadmissible action is still
+    # possible and is handled as an invalid action. WebShop actions are search[...] / click[...].
+    action_regex = (
+        r"<answer>(search\[[a-z0-9][a-z0-9 ,.$-]{0,59}\]|click\[[a-z0-9][a-z0-9 ,.$&/()-]{0,79}\])</answer>"
+    )
+
     def __init__(
         self,
         split: str = "train",
