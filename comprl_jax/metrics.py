@@ -49,9 +49,7 @@ class MetricsWriter:
                     f.write(json.dumps(r) + "\n")
             os.replace(tmp, self.path)
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step or None)
+            self._tb = _summary_writer(os.path.join(workdir, "tb"), purge_step=resume_step or None)
 
     def write(self, step: int, metrics: Mapping[str, Any], wall_time: float | None = None) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -79,6 +77,25 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _summary_writer(logdir: str, purge_step: int | None):
+    """tensorboardX's SummaryWriter, imported without torch.
+
+    tensorboardX imports torch when it is installed (here: only as a test-time reference), which would load torch's
+    own OpenMP runtime and thread pools into the training process next to XLA's. Hide it for that one import.
+    """
+    import sys
+
+    hidden = "torch" not in sys.modules
+    if hidden:
+        sys.modules["torch"] = None  # makes `import torch` raise ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hidden:
+            del sys.modules["torch"]
+    return SummaryWriter(logdir, purge_step=purge_step)
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

@@ -19,6 +19,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+# Parameters carry logical axis names (``out_sharding=`` metadata) that *we* resolve with the rule table below;
+# NNX's eager sharding would instead demand a mesh context whenever a module is built (even unsharded, on one
+# CPU). Every module that creates such parameters imports this one, so turning it off here (process-wide) keeps
+# ``import comprl_jax`` itself light (env-pool worker processes import the package but never build models).
+nnx.use_eager_sharding(False)
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axis / axes / None. Order matters only for readability; each name appears once.
