@@ -6,4 +6,3 @@ Modules: ``sharding``, ``tokenizer``, ``sampling``, ``trainer``, ``checkpoint``,
 """
 
 __version__ = "0.1.0"
-

@@ -130,12 +130,20 @@ class ExtractorTrack:
         self.search_ms.append((time.perf_counter() - t0) * 1000.0)
         return [(r.block, tuple(r.uids)) for r in got]
 
+    def ask(self, question: str, situation: str, task_id: str) -> tuple[str | None, str]:
+        """Search & ask (SPEC §5): the extractor rewrites the best hit for the actor's situation."""
+        answer, key, _ = self.mgr.refine(question, situation, task_id)
+        return answer, key
+
     # -- per-step bookkeeping ------------------------------------------------------------------------
     def record_outcomes(self, trajs: Sequence[Trajectory]) -> None:
-        """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used."""
+        """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used, and to each search & ask
+        refinement it received (that call is an extractor training sample too)."""
         for t in trajs:
             if t.spec.guided and t.spec.entry_uids:
                 self.mgr.record_outcome(t.spec.entry_uids, t.success)
+            for key in t.ask_keys:
+                self.mgr.record_refine_outcome(key, t.success)
 
     def distill_async(self, trajs: Sequence[Trajectory], step: int) -> cf.Future:
         reqs = [

@@ -11,6 +11,7 @@ Episode = ``EpisodeSpec`` (task, group member, guided or not, the experience blo
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,10 @@ import numpy as np
 
 from comprl_jax.envs.pool import EnvPool
 from comprl_jax.tasks import Task
+
+ASK_CLOSE = "</knowledge_search_and_ask>"
+ASK_RE = re.compile(r"<knowledge_search_and_ask>(.*?)</knowledge_search_and_ask>", re.DOTALL)
+ANSWER_OPEN = "<answer>"
 
 EXPERIENCE_HEADER = (
     "## Experience from earlier episodes\n"
@@ -52,6 +57,7 @@ class Trajectory:
     final_obs: str
     error: str | None = None
     context_full: bool = False  # ended because the actor's context (rollout.max_context) was full
+    ask_keys: list = dataclasses.field(default_factory=list)  # search & ask extractor samples used
 
     def transcript_text(self, max_chars: int) -> str:
         """``Observation: .. / Action: ..`` lines, keeping the *end* of long episodes (where the outcome is)."""
@@ -136,6 +142,8 @@ def run_episodes(
     max_len: int,
     constraint_for: Any = None,
     stop_strings: Sequence[str] = ("</answer>",),
+    ask: Any = None,
+    ask_max: int = 2,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Plays all episodes to the end. Returns trajectories (spec order) and timing stats.
 
@@ -144,6 +152,10 @@ def run_episodes(
       sampler: the actor's ``SamplerService``; tokenizer: its ``Tokenizer``; sp: ``SamplingParams``.
       key: PRNG key (split per turn).
       constraint_for: ``env_id -> TokenAutomaton | None`` (constrained decoding for tiny models).
+      ask: search & ask (SPEC §5) for guided episodes: ``(question, situation, task_id) -> (answer | None, key)``.
+        A reply holding ``<knowledge_search_and_ask>q</knowledge_search_and_ask>`` (at most ``ask_max`` times per
+        episode) is answered as a tool message instead of an env step; the keys are returned per trajectory in
+        ``Trajectory.ask_keys`` so the trainer can reward those extractor samples with the episode outcome.
     """
     B = len(specs)
     slot_of = _slots(specs)
@@ -166,6 +178,9 @@ def run_episodes(
     invalid = [0] * B
     errors: list[str | None] = [r[1].get("error") for r in resets]
     context_full = [False] * B
+    asked: list[list[str]] = [[] for _ in range(B)]
+    if ask is not None:
+        stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
     pending = first
     t_gen = t_env = 0.0
     env_ids = sorted({s.task.env_id for s in specs})
@@ -194,10 +209,26 @@ def run_episodes(
                         res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True
                     )
         t1 = time.perf_counter()
+        # Search & ask: a guided episode's question is answered by the extractor as a tool turn (no env step).
+        tool_turn: dict[int, str] = {}
+        if ask is not None:
+            for b in range(B):
+                q = ASK_RE.search(replies[b]) if live[b] and specs[b].guided else None
+                if q and len(asked[b]) < ask_max and ANSWER_OPEN not in replies[b]:
+                    answer, sample_key = ask(q.group(1).strip(), obs_now[b], specs[b].task.env_id)
+                    asked[b].append(sample_key)
+                    tool_turn[b] = answer if answer is not None else "[No answer]"
+        for b, answer in tool_turn.items():
+            ids = conv.ids[b]
+            close = im_end is not None and (not ids or ids[-1] != im_end)
+            cont, _ = tokenizer.encode_chat_continuation(
+                [{"role": "tool", "content": answer}], add_generation_prompt=True
+            )
+            pending[b] = ([im_end] if close else []) + cont
         futs = {
             b: pools.pools[specs[b].task.env_id].submit_step(slot_of[b], replies[b])
             for b in range(B)
-            if live[b]
+            if live[b] and b not in tool_turn
         }
         for b, fut in futs.items():
             o, r, term, trunc, info = fut.result()
@@ -239,6 +270,8 @@ def run_episodes(
                 transcript=transcripts[b],
                 final_obs=obs_now[b],
                 error=errors[b],
+                context_full=context_full[b],
+                ask_keys=list(asked[b]),
             )
         )
     return trajs, {"gen_s": t_gen, "env_s": t_env}

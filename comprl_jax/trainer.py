@@ -291,6 +291,8 @@ class Trainer:
             )
             for i, (block, uids) in zip(gi, got, strict=True):
                 specs[i].experience, specs[i].entry_uids = block, uids
+        r = self.c.retrieval
+        ask = self.track.ask if (guided_ok and self.track is not None and r.search_and_ask) else None
         trajs, timing = run_episodes(
             self.pools,
             specs,
@@ -302,6 +304,8 @@ class Trainer:
             max_turns=self.c.env.max_turns,
             max_len=self.c.rollout.max_context,
             constraint_for=self._constraint if self.c.actor.constrained else None,
+            ask=ask,
+            ask_max=r.search_and_ask_max,
         )
         timing["rollout_s"] = time.perf_counter() - t0
         return trajs, timing

@@ -67,3 +67,39 @@ def test_run_survives_env_faults_and_malformed_extractor_output(tmp_path):
     assert rejected > 0 and last["bank/ops_submitted"] == (
         last.get("bank/ops_applied", 0) + last.get("bank/ops_returned", 0) + rejected
     )
+
+
+def test_search_and_ask_in_guided_rollouts(tmp_path):
+    """A guided episode's <knowledge_search_and_ask> is answered by the extractor as a tool turn (at most twice
+    per episode, never for free episodes), and the refinement becomes an extractor sample rewarded by the outcome."""
+    import jax
+
+    from comprl_jax.trainer import Trainer
+
+    c = load_config(
+        "minihack_room",
+        "tiny",
+        **{"retrieval.search_and_ask": True, "env.max_turns": 4, "actor.sampling.max_new_tokens": 96},
+    )
+    tr = Trainer(c, str(tmp_path))
+    try:
+        ask = "<knowledge_search_and_ask>where are the stairs</knowledge_search_and_ask>"
+        forced = tr.actor.sampler.strings_constraint((ask, "<answer>east</answer>"))
+        tr._constraint = lambda env_id: forced
+        # Random tiny actor: over 4 episodes x 4 turns both branches are taken; rerun seeds until an ask happens.
+        for seed in range(5):
+            trajs, _ = tr.rollout(tr.tasks.next(), guided_ok=True, step=0, key=jax.random.key(seed))
+            if any(t.ask_keys for t in trajs):
+                break
+        assert any(t.ask_keys for t in trajs if t.spec.guided)
+        assert all(not t.ask_keys for t in trajs if not t.spec.guided)
+        assert all(len(t.ask_keys) <= c.retrieval.search_and_ask_max for t in trajs)
+        for t in trajs:
+            if t.ask_keys:  # the tool answer is in the context, with mask 0 (not the actor's tokens)
+                text = tr.actor.model.tokenizer.decode(t.tokens)
+                assert "<tool_response>" in text
+        tr.track.record_outcomes(trajs)
+        keys = [k for t in trajs for k in t.ask_keys]
+        assert all(k in tr.track.mgr.buffer.samples for k in keys)
+    finally:
+        tr.close()

@@ -1,0 +1,69 @@
+"""Rollout wall time of Complementary RL vs the outcome-only baseline on the same `:tiny` config (issue 7).
+
+  python launch/bench/overhead.py [--steps=6]
+
+Builds both trainers in one process (same seed, same tasks, same tiny actor), runs them in alternation so that
+machine load hits both alike, drops each one's first step (compilation), and prints one JSON line:
+{"bench": "overhead", "crl_rollout_s", "baseline_rollout_s", "ratio", "split": {...}} where ratio is the mean
+rollout time per step of Complementary RL divided by the baseline's (paper: 0.98-1.00x; target <= 1.05), and
+split is Complementary RL's mean time per step in rollout / actor update / extraction wait.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+from absl import app, flags
+
+_STEPS = flags.DEFINE_integer("steps", 6, "steps per method (the first one is dropped)")
+
+
+def main(argv):
+    del argv
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    from trainer_helpers import load_config
+
+    from comprl_jax.trainer import Trainer
+
+    over = {"train.steps": _STEPS.value, "rollout.tasks_per_step": 2, "env.max_turns": 6}
+    runs = {}
+    for method in ("complementary", "baseline"):
+        variant = "tiny" if method == "complementary" else "tiny,baseline"
+        runs[method] = Trainer(load_config("minihack_room", variant, **over), tempfile.mkdtemp())
+    times = {m: [] for m in runs}
+    split = {"rollout_s": [], "update_s": [], "extraction_s": []}
+    try:
+        for _ in range(_STEPS.value):
+            for method, tr in runs.items():
+                m = tr.train_step()
+                times[method].append(m["time/rollout_s"])
+                if method == "complementary":
+                    for k in split:
+                        split[k].append(m[f"time/{k}"])
+    finally:
+        for tr in runs.values():
+            tr.close()
+
+    def mean(xs):
+        xs = xs[1:]  # first step = compilation
+        return sum(xs) / len(xs)
+
+    crl, base = mean(times["complementary"]), mean(times["baseline"])
+    print(
+        json.dumps(
+            {
+                "bench": "overhead",
+                "config": "minihack_room:tiny",
+                "steps": _STEPS.value - 1,
+                "crl_rollout_s": round(crl, 3),
+                "baseline_rollout_s": round(base, 3),
+                "ratio": round(crl / base, 3),
+                "split": {k: round(mean(v), 3) for k, v in split.items()},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)
