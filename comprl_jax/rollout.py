@@ -26,12 +26,6 @@ ASK_CLOSE = "</knowledge_search_and_ask>"
 ASK_RE = re.compile(r"<knowledge_search_and_ask>(.*?)</knowledge_search_and_ask>", re.DOTALL)
 ANSWER_OPEN = "<answer>"
 
-EXPERIENCE_HEADER = (
-    "## Experience from earlier episodes\n"
-    "The lessons below were distilled automatically from earlier attempts at similar tasks. They may be partly "
-    "wrong or not fit this exact situation: use what helps, do not follow them blindly.\n"
-)
-
 
 @dataclasses.dataclass
 class EpisodeSpec:
@@ -70,9 +64,9 @@ class Trajectory:
 
 
 def system_message(base_prompt: str, experience: str) -> str:
-    if not experience:
-        return base_prompt
-    return f"{base_prompt}\n\n{EXPERIENCE_HEADER}{experience}"
+    """The env's system prompt, plus the retrieved experience block (its header says it is distilled knowledge
+    that may be partly wrong: :func:`comprl_jax.experience.retrieval.format_experience`)."""
+    return f"{base_prompt}\n\n{experience}" if experience else base_prompt
 
 
 class Pools:

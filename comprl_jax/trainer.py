@@ -32,6 +32,7 @@ import numpy as np
 from comprl_jax import batching
 from comprl_jax import metrics as mlib
 from comprl_jax.checkpoint import RunCheckpointer
+from comprl_jax.experience.retrieval import format_experience
 from comprl_jax.extractor_track import ExtractorTrack
 from comprl_jax.model_zoo import LoadedModel, load_model, tiny_tokenizer
 from comprl_jax.models import decoder
@@ -191,6 +192,8 @@ class Trainer:
             '[{"function_name": "add", "parameters": {"new_memory": "',
             '{"function_name": "return"}',
         ]
+        lesson = "<title>move east</title><content>the stairs are often east</content>"
+        text += [format_experience([lesson]), format_experience([])]
         return text
 
     def _constraint(self, env_id: str):
