@@ -127,10 +127,14 @@ _TRACKING = False
 def start_memory_tracking() -> bool:
     """Starts jax-smi's background memory sampler once per process (device memory profile in /dev/shm; inspect
     with the ``jax-smi`` command): its thread rewrites one fixed file, so a second sampler would race it.
-    Returns False where it cannot run (e.g. no /dev/shm)."""
+    Returns False where it does not run (CPU backend, no /dev/shm)."""
     global _TRACKING
     if _TRACKING:
         return True
+    # Not on CPU: there is no device memory to profile, and the sampler thread sits inside XLA's C++ profiler
+    # most of the time, so a process exiting under it can abort ("FATAL: exception not rethrown").
+    if jax.default_backend() == "cpu":
+        return False
     try:
         from jax_smi import initialise_tracking
 
