@@ -1,9 +1,9 @@
 """Rollout wall time of Complementary RL vs the outcome-only baseline on the same `:tiny` config (issue 7).
 
-  python launch/bench/overhead.py [--steps=6]
+  python launch/bench/overhead.py [--warmup=3 --steps=5]
 
 Builds both trainers in one process (same seed, same tasks, same tiny actor), runs them in alternation so that
-machine load hits both alike, drops each one's first step (compilation), and prints one JSON line:
+machine load hits both alike, drops each one's warm-up steps (compilation), and prints one JSON line:
 {"bench": "overhead", "crl_rollout_s", "baseline_rollout_s", "ratio", "split": {...}} where ratio is the mean
 rollout time per step of Complementary RL divided by the baseline's (paper: 0.98-1.00x; target <= 1.05), and
 split is Complementary RL's mean time per step in rollout / actor update / extraction wait.
@@ -16,7 +16,10 @@ import tempfile
 
 from absl import app, flags
 
-_STEPS = flags.DEFINE_integer("steps", 6, "steps per method (the first one is dropped)")
+_STEPS = flags.DEFINE_integer("steps", 5, "measured steps per method")
+_WARMUP = flags.DEFINE_integer(
+    "warmup", 3, "unmeasured steps per method first (compilation of the shape buckets)"
+)
 
 
 def main(argv):
@@ -26,18 +29,26 @@ def main(argv):
 
     from comprl_jax.trainer import Trainer
 
-    over = {"train.steps": _STEPS.value, "rollout.tasks_per_step": 2, "env.max_turns": 6}
+    total = _WARMUP.value + _STEPS.value
+    over = {"train.steps": total, "rollout.tasks_per_step": 2, "env.max_turns": 6}
     runs = {}
     for method in ("complementary", "baseline"):
         variant = "tiny" if method == "complementary" else "tiny,baseline"
         runs[method] = Trainer(load_config("minihack_room", variant, **over), tempfile.mkdtemp())
     times = {m: [] for m in runs}
+    turns = {m: [] for m in runs}
     split = {"rollout_s": [], "update_s": [], "extraction_s": []}
     try:
-        for _ in range(_STEPS.value):
+        for _ in range(total):
             for method, tr in runs.items():
                 m = tr.train_step()
                 times[method].append(m["time/rollout_s"])
+                turns[method].append(
+                    m["actions_per_episode"]
+                    * len(tr.c.env.tasks)
+                    * tr.c.rollout.tasks_per_step
+                    * tr.c.rollout.group_size
+                )
                 if method == "complementary":
                     for k in split:
                         split[k].append(m[f"time/{k}"])
@@ -46,19 +57,27 @@ def main(argv):
             tr.close()
 
     def mean(xs):
-        xs = xs[1:]  # first step = compilation
+        xs = xs[_WARMUP.value :]
         return sum(xs) / len(xs)
 
     crl, base = mean(times["complementary"]), mean(times["baseline"])
+    # A random tiny actor's episodes end at different turns in the two runs, so time per actor turn (one
+    # generation + one env step for every live episode) is the like-for-like figure; both are printed.
+    w = _WARMUP.value
+    crl_t = sum(times["complementary"][w:]) / sum(turns["complementary"][w:])
+    base_t = sum(times["baseline"][w:]) / sum(turns["baseline"][w:])
     print(
         json.dumps(
             {
                 "bench": "overhead",
                 "config": "minihack_room:tiny",
-                "steps": _STEPS.value - 1,
+                "steps": _STEPS.value,
                 "crl_rollout_s": round(crl, 3),
                 "baseline_rollout_s": round(base, 3),
                 "ratio": round(crl / base, 3),
+                "crl_s_per_turn": round(crl_t, 5),
+                "baseline_s_per_turn": round(base_t, 5),
+                "ratio_per_turn": round(crl_t / base_t, 3),
                 "split": {k: round(mean(v), 3) for k, v in split.items()},
             }
         )
