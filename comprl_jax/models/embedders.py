@@ -55,12 +55,19 @@ def _run_batched(
 
     Rows are grouped by their length bucket (so one long text does not pad a whole batch to its length), each
     group is cut into batches of ``batch_size``, and a short last batch is padded up to a power-of-two row count.
+    When all rows fit one batch they go in one call at the longest row's bucket.
     """
     out = np.zeros((len(seqs), dim), np.float32)
     batch_buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < batch_size] + [batch_size]
     groups: dict[int, list[int]] = {}
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        groups.setdefault(_bucket(max(len(seqs[i]), 1), buckets), []).append(i)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    if 1 < len(seqs) <= batch_size:
+        # Everything fits one call: one program run at the longest row's bucket beats one call per length
+        # bucket (retrieval's 16-query micro-batches are latency-bound, not FLOP-bound).
+        groups[_bucket(max(len(seqs[order[0]]), 1), buckets)] = order
+    else:
+        for i in order:
+            groups.setdefault(_bucket(max(len(seqs[i]), 1), buckets), []).append(i)
     for t, group in groups.items():
         for start in range(0, len(group), batch_size):
             rows = group[start : start + batch_size]
