@@ -205,6 +205,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 SCALES = ("paper", "tiny", "smollm")
 
+# The paper's task mixtures (SPEC §9): Table 1's three tasks, and the six of the task-scaling study.
+TASKS1 = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
+TASKS3 = TASKS1 + ("comprl/WebShop-v0", "comprl/ALFWorld-v0")
+TASKS6 = TASKS3 + (
+    "comprl/MiniHack-MazeWalk-9x9-v0",
+    "comprl/MiniHack-KeyRoom-Dark-S5-v0",
+    "comprl/Sokoban-6x6-2-v0",
+)
+
 
 def parse_variant(arg: str | None) -> tuple[str, str | None, dict[str, str]]:
     """``"tiny"`` / ``"tiny,baseline"`` / ``"smollm,static_online"`` / ``""`` -> (scale, method or None, extras).

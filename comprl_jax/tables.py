@@ -11,6 +11,8 @@ import json
 import os
 from collections.abc import Sequence
 
+from comprl_jax.config import TASKS3
+
 # SPEC §11, Table 1 (multi-task; success for MiniHack Room / WebShop, reward for ALFWorld).
 PAPER_TABLE1 = {
     # The last value is the paper's printed average (its rounding, not ours).
@@ -21,7 +23,7 @@ PAPER_TABLE1 = {
     ("complementary", "with_exp"): (0.78, 0.87, 0.82, 0.82),
     ("complementary", "without_exp"): (0.75, 0.84, 0.74, 0.78),
 }
-TABLE1_ENVS = ("comprl/MiniHack-Room-Ultimate-5x5-v0", "comprl/WebShop-v0", "comprl/ALFWorld-v0")
+TABLE1_ENVS = TASKS3
 _LABELS = {
     ("baseline", None): "Baseline",
     ("static_online", "with_exp"): "Static Online Exp. (eval with exp.)",

@@ -7,12 +7,12 @@ Launch: python launch/train.py --config=configs/extractor_capacity.py --workdir=
 Tiny CPU variant: python launch/train.py --config=configs/extractor_capacity.py:tiny,size=large --workdir=runs/cap_tiny
 """
 
-from comprl_jax.config import build
+from comprl_jax.config import TASKS3, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0", "comprl/WebShop-v0", "comprl/ALFWorld-v0")
+        c.env.tasks = TASKS3
         c.env.backend = "process"
         c.extractor.model = "Qwen/Qwen3-30B-A3B-Thinking-2507"
         c.train.steps = 128

@@ -6,9 +6,7 @@ Tiny CPU variant: python launch/train.py --config=configs/multitask3.py:tiny --w
 Table 1: python launch/make_tables.py --runs=runs/mt3,runs/mt3_baseline,...
 """
 
-from comprl_jax.config import build
-
-TASKS3 = ("comprl/MiniHack-Room-Ultimate-5x5-v0", "comprl/WebShop-v0", "comprl/ALFWorld-v0")
+from comprl_jax.config import TASKS3, build
 
 
 def get_config(arg: str | None = None):

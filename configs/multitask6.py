@@ -5,16 +5,7 @@ Launch: python launch/train.py --config=configs/multitask6.py --workdir=runs/mt6
 Tiny CPU variant: python launch/train.py --config=configs/multitask6.py:tiny --workdir=runs/mt6_tiny
 """
 
-from comprl_jax.config import build
-
-TASKS6 = (
-    "comprl/MiniHack-Room-Ultimate-5x5-v0",
-    "comprl/WebShop-v0",
-    "comprl/ALFWorld-v0",
-    "comprl/MiniHack-MazeWalk-9x9-v0",
-    "comprl/MiniHack-KeyRoom-Dark-S5-v0",
-    "comprl/Sokoban-6x6-2-v0",
-)
+from comprl_jax.config import TASKS6, build
 
 
 def get_config(arg: str | None = None):

@@ -4,20 +4,9 @@ Launch: python launch/train.py --config=configs/task_scaling.py:tasks=3 --workdi
 Tiny CPU variant: python launch/train.py --config=configs/task_scaling.py:tiny,tasks=3 --workdir=runs/scale3_tiny
 """
 
-from comprl_jax.config import build
+from comprl_jax.config import TASKS1, TASKS3, TASKS6, build
 
-_MIXTURES = {
-    "1": ("comprl/MiniHack-Room-Ultimate-5x5-v0",),
-    "3": ("comprl/MiniHack-Room-Ultimate-5x5-v0", "comprl/WebShop-v0", "comprl/ALFWorld-v0"),
-    "6": (
-        "comprl/MiniHack-Room-Ultimate-5x5-v0",
-        "comprl/WebShop-v0",
-        "comprl/ALFWorld-v0",
-        "comprl/MiniHack-MazeWalk-9x9-v0",
-        "comprl/MiniHack-KeyRoom-Dark-S5-v0",
-        "comprl/Sokoban-6x6-2-v0",
-    ),
-}
+_MIXTURES = {"1": TASKS1, "3": TASKS3, "6": TASKS6}
 
 
 def get_config(arg: str | None = None):
