@@ -44,6 +44,30 @@ def test_missing_run_dir_names_path(tmp_path):
         load_run(str(tmp_path / "nope"))
 
 
+def test_cli_plots_runs_together(tmp_path):
+    from comprl_jax.metrics import MetricsWriter
+
+    dirs = []
+    for name, method in (("crl", "complementary"), ("base", "baseline")):
+        d = _run(tmp_path, name, method, None)
+        w = MetricsWriter(d, tensorboard=False)
+        for s in range(6):
+            w.write(s, {"success": s / 10, "actions_per_episode": 10 - s})
+        dirs.append(d)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "launch/make_tables.py",
+            f"--runs={','.join(dirs)}",
+            f"--plot={tmp_path / 'fig.png'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "plot:" in out and (tmp_path / "fig.png").stat().st_size > 1000
+
+
 def test_cli_prints_table(tmp_path):
     crl = _run(
         tmp_path, "crl", "complementary", {"with_exp": dict(zip(TABLE1_ENVS, [1, 1, 1], strict=False))}
