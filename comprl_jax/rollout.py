@@ -70,7 +70,8 @@ def system_message(base_prompt: str, experience: str) -> str:
 
 
 class Pools:
-    """One :class:`EnvPool` per env id of the mixture, each with ``slots`` lanes, plus each env's system prompt."""
+    """One :class:`EnvPool` per env id of the mixture, each with ``slots`` lanes, plus each env's system prompt and
+    action space (``actions``: a static action set, or ``action_regex``: the action syntax; for constrained decoding)."""
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class Pools:
 
         self.pools: dict[str, EnvPool] = {}
         self.system_prompts: dict[str, str] = {}
+        self.action_spaces: dict[str, tuple[tuple[str, ...] | None, str | None]] = {}
         for env_id in env_ids:
             self.pools[env_id] = EnvPool(
                 env_id,
@@ -94,10 +96,15 @@ class Pools:
                 env_kwargs={"max_turns": max_turns},
                 timeout_s=timeout_s,
             )
-            # The system prompt is static per env class; read it off one local instance (no reset needed).
+            # System prompt and action space are static per env class; read them off one local instance (no reset).
             env = registry.make(env_id, max_turns=max_turns)
             try:
                 self.system_prompts[env_id] = env.system_prompt()
+                actions = getattr(env, "actions", None)
+                self.action_spaces[env_id] = (
+                    tuple(actions) if actions else None,
+                    getattr(env, "action_regex", None),
+                )
             finally:
                 env.close()
 

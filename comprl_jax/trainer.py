@@ -53,8 +53,6 @@ from comprl_jax.tasks import TaskSampler
 
 log = logging.getLogger(__name__)
 
-ACTIONS_TINY_PREFIX = "<answer>"
-
 
 def _sp(s) -> SamplingParams:
     return SamplingParams(
@@ -75,7 +73,6 @@ class Role:
     update: Any
     logprobs: Any
     sampler: SamplerService
-    micro_batch: int
 
 
 def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int) -> Role:
@@ -100,7 +97,7 @@ def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int) -> Role:
         stop_token_ids=stop_ids,
         pad_id=tok.pad_id,
     )
-    return Role(model, state, update, logprobs, sampler, c.micro_batch)
+    return Role(model, state, update, logprobs, sampler)
 
 
 def _train_role(role: Role, batch: dict[str, np.ndarray]) -> dict[str, float]:
@@ -200,17 +197,10 @@ class Trainer:
         if not self.c.actor.constrained:
             return None
         if env_id not in self._constraints:
-            from comprl_jax.envs import registry
-
-            env = registry.make(env_id, max_turns=self.c.env.max_turns)
-            try:
-                actions = getattr(env, "actions", None)  # a static action set (MiniHack, Sokoban)
-                regex = getattr(env, "action_regex", None)  # else the action syntax (ALFWorld, WebShop)
-            finally:
-                env.close()
-            if actions:
+            actions, regex = self.pools.action_spaces[env_id]
+            if actions:  # a static action set (MiniHack, Sokoban)
                 c = self.actor.sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
-            elif regex:
+            elif regex:  # else the action syntax (ALFWorld, WebShop)
                 c = self.actor.sampler.regex_constraint(regex)
             else:
                 raise ValueError(

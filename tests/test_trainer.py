@@ -17,6 +17,17 @@ pytestmark = pytest.mark.slow
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def _train(workdir, **over):
+    """``launch/train.py`` on minihack_room:tiny with the MINI overrides (plus ``over``) in a subprocess."""
+    cmd = [
+        sys.executable,
+        "launch/train.py",
+        "--config=configs/minihack_room.py:tiny",
+        f"--workdir={workdir}",
+    ]
+    return subprocess.run(cmd + flags(**over), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+
+
 def _read(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -88,18 +99,10 @@ def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
 
 def test_launch_main_runs_and_resumes(tmp_path):
     """The real absl entry point: 2 steps, then a second invocation with more steps resumes at step 2."""
-    cmd = [
-        sys.executable,
-        "launch/train.py",
-        "--config=configs/minihack_room.py:tiny",
-        f"--workdir={tmp_path}",
-    ]
-    r = subprocess.run(cmd + flags(), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    r = _train(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "step 2:" in r.stdout
-    r = subprocess.run(
-        cmd + flags(**{"train.steps": 3}), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900
-    )
+    r = _train(tmp_path, **{"train.steps": 3})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from step 2" in r.stderr
     assert [row["step"] for row in _read(tmp_path / "metrics.jsonl")] == [0, 1, 2]
@@ -126,24 +129,13 @@ def test_exact_resume_after_sigkill(tmp_path):
     """Kill a run with SIGKILL mid-way, resume it, and compare with an uninterrupted run: metrics (less
     timings), parameters, optimizer state and bank are bit-identical."""
     over = {"train.steps": 4}
-    cmd = [sys.executable, "launch/train.py", "--config=configs/minihack_room.py:tiny"]
     ref = tmp_path / "ref"
-    r = subprocess.run(
-        cmd + [f"--workdir={ref}"] + flags(**over),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = _train(ref, **over)
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "run"
+    cmd = [sys.executable, "launch/train.py", "--config=configs/minihack_room.py:tiny", f"--workdir={run}"]
     p = subprocess.Popen(
-        cmd + [f"--workdir={run}"] + flags(**over),
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cmd + flags(**over), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 600
     # Kill once step 2's metrics line is written, i.e. somewhere inside step 2's checkpoint or step 3.
@@ -154,14 +146,7 @@ def test_exact_resume_after_sigkill(tmp_path):
         time.sleep(0.2)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    r = subprocess.run(
-        cmd + [f"--workdir={run}"] + flags(**over),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = _train(run, **over)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from step" in r.stderr
     assert _strip_times(_read(run / "metrics.jsonl")) == _strip_times(_read(ref / "metrics.jsonl"))
