@@ -10,10 +10,10 @@ import pytest
 
 from comprl_jax import sharding as shd
 from comprl_jax.models.config import ModelConfig
-from comprl_jax.models.decoder import forward, init_decoder
+from comprl_jax.models.decoder import forward, init_decoder, logits_from_hidden
 from comprl_jax.rl import losses
 from comprl_jax.rl.train_state import OptimConfig, create_train_state, make_optimizer, train_state_shardings
-from comprl_jax.rl.update import accumulate_gradients, make_logprob_fn, make_update_fn
+from comprl_jax.rl.update import ChunkedHead, accumulate_gradients, make_logprob_fn, make_update_fn
 
 CFG = ModelConfig.tiny("qwen3", vocab_size=64)
 
@@ -83,6 +83,63 @@ def test_logprobs_micro_batched_equal_full():
     micro = make_logprob_fn(logits_fn, num_micro_batches=4)(params, batch)
     np.testing.assert_allclose(full, micro, atol=1e-6)
     assert np.all(np.asarray(full)[batch["loss_mask"] == 0] == 0)
+
+
+def chunked(chunk):
+    graphdef = model()[0].args[0]
+    return ChunkedHead(
+        functools.partial(forward, graphdef, return_hidden=True),
+        functools.partial(logits_from_hidden, graphdef),
+        chunk,
+    )
+
+
+@pytest.mark.parametrize("chunk", [4, 5, 64])  # divides T=12, pads T to 15, one chunk longer than T
+def test_chunked_head_equals_full_logits(chunk):
+    logits_fn, params, _ = model()
+    cfg = losses.ActorLossConfig(compute_entropy=True)
+    batch = with_old_logprobs(logits_fn, params, make_batch(3), perturb=0.3)
+    grad = jax.jit(lambda f, p, b: accumulate_gradients(f, "actor", cfg, p, b, 2), static_argnums=0)
+    g_full, m_full = grad(logits_fn, params, batch)
+    g_chunk, m_chunk = grad(chunked(chunk), params, batch)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    f_full, f_chunk = losses.finalize_metrics(m_full), losses.finalize_metrics(m_chunk)
+    for k in f_full:  # includes the entropy, computed chunk by chunk
+        np.testing.assert_allclose(f_full[k], f_chunk[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    lp_full = make_logprob_fn(logits_fn, num_micro_batches=2)(params, batch)
+    lp_chunk = make_logprob_fn(chunked(chunk), num_micro_batches=2)(params, batch)
+    np.testing.assert_allclose(lp_full, lp_chunk, atol=1e-6)
+
+
+def test_chunked_head_never_holds_full_logits():
+    """XLA's own buffer plan: how the gradient's temporaries grow with the vocabulary. The plain path holds
+    [B, T, V] float32 logits (and their cotangent); the chunked one only [B, C, V] at a time."""
+    b, t = 2, 512
+
+    def temp_bytes(vocab, chunk):
+        graphdef, params = init_decoder(ModelConfig.tiny("qwen3", vocab_size=vocab), seed=0)
+        f = functools.partial(forward, graphdef, remat=True)
+        if chunk:
+            hidden = functools.partial(forward, graphdef, return_hidden=True, remat=True)
+            f = ChunkedHead(hidden, functools.partial(logits_from_hidden, graphdef), chunk)
+        batch = {
+            "tokens": jnp.zeros((b, t), jnp.int32),
+            "positions": jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+            "attn_mask": jnp.ones((b, t), bool),
+            "loss_mask": jnp.ones((b, t), jnp.float32),
+            "old_logprobs": jnp.zeros((b, t), jnp.float32),
+            "advantages": jnp.ones((b,), jnp.float32),
+            "subgroup": jnp.zeros((b,), jnp.int32),
+        }
+        fn = jax.jit(lambda p, bt: accumulate_gradients(f, "actor", losses.ActorLossConfig(), p, bt))
+        return fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+
+    dv = 4096  # extra vocabulary entries
+    full = temp_bytes(2 * dv, 0) - temp_bytes(dv, 0)
+    chunked = temp_bytes(2 * dv, 32) - temp_bytes(dv, 32)
+    assert full >= b * t * dv * 4, (full, chunked)  # at least one [B, T, dV] float32 buffer
+    assert chunked < full / 4, (full, chunked)
 
 
 def test_update_compiles_once_and_donates():

@@ -126,6 +126,10 @@ class Decoder(nnx.Module):
         h = L.rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
         if return_hidden:
             return h.astype(jnp.float32)
+        return self.logits(h)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Final-normed hidden ``[B, T, D]`` in the compute dtype -> logits ``[B, T, V]`` float32."""
         if self.cfg.tie_word_embeddings:
             w = self.embed[...].astype(h.dtype)
             return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
@@ -259,3 +263,11 @@ def extend(graphdef, params, cache: KVCache, tokens: jax.Array, num_new: jax.Arr
 def count_params(params) -> int:
     """Total number of parameter elements in a (possibly abstract) state."""
     return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def logits_from_hidden(graphdef, params, hidden: jax.Array) -> jax.Array:
+    """The output head alone: ``hidden [B, C, D]`` (from ``forward(..., return_hidden=True)``) -> logits
+    ``[B, C, V]`` float32, equal to ``forward``'s logits at those positions (chunked scoring in updates)."""
+    model = nnx.merge(graphdef, params)
+    # back to the trunk's compute dtype: the float32 cast in forward(return_hidden=True) was lossless
+    return model.logits(hidden.astype(jnp.dtype(model.cfg.dtype)))

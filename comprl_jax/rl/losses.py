@@ -134,6 +134,56 @@ def token_logprobs(logits, tokens, compute_entropy: bool = False):
     return logp, shift(ent)
 
 
+def chunked_token_logprobs(head_fn, hidden, tokens, chunk: int, compute_entropy: bool = False):
+    """:func:`token_logprobs` from hidden states, ``chunk`` positions at a time (same values, same gradients).
+
+    The ``[B, T, V]`` logits are the largest activation of an update (Qwen2.5-7B at T = 32k: 20 GB in float32
+    per sequence, twice that with its cotangent). Here each chunk's logits ``[B, C, V]`` are made by ``head_fn``
+    inside a ``jax.checkpoint``-ed ``lax.map`` body: the forward keeps only ``[B, T]`` results and the backward
+    recomputes one chunk's logits at a time, so peak logits memory is ``B·C·V`` instead of ``B·T·V``.
+
+    Args:
+      head_fn: ``hidden [B, C, D] -> logits [B, C, V]`` (closes over the parameters it differentiates).
+      hidden: ``[B, T, D]`` final-normed hidden states; position t predicts token t + 1.
+      tokens: ``[B, T]`` int.
+      chunk: positions per chunk; ``T`` is padded up to a multiple of it (padding is dropped).
+    Returns:
+      ``(logprobs [B, T], entropy [B, T] or None)`` exactly as :func:`token_logprobs` on ``head_fn(hidden)``.
+    """
+    if chunk < 1:
+        raise ValueError(f"logits chunk must be >= 1, got {chunk}")
+    b, t = tokens.shape
+    tokens = tokens.astype(jnp.int32)
+    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # last column: dummy target, dropped
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    nx = jnp.pad(nxt, ((0, 0), (0, pad)))
+    h = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)  # [n, B, C, D]
+    nx = nx.reshape(b, n, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        hc, tc = args
+        logits = head_fn(hc).astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        vocab_ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+        target = jnp.sum(jnp.where(vocab_ids == tc[..., None], logits, 0.0), axis=-1)
+        if not compute_entropy:
+            return target - lse, jnp.zeros_like(lse)
+        lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+        ent = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
+        return target - lse, ent
+
+    lp, ent = jax.lax.map(one, (h, nx))
+
+    def unchunk_shift(x):  # [n, B, C] -> [B, T], then align to the predicted token (column 0 = 0)
+        x = x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+        return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+
+    return unchunk_shift(lp), (unchunk_shift(ent) if compute_entropy else None)
+
+
 def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", subgroup_mean: bool = False):
     """Per-token weights ``w [B, T]`` such that the aggregated loss is ``Σ_bt w_bt ℓ_bt`` (full batch).
 

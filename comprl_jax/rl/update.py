@@ -12,6 +12,7 @@ every micro-batch and the split is a local reshape (needs ``B / num_batch_device
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +23,42 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from comprl_jax import sharding as shd
-from comprl_jax.rl.losses import LOSSES, finalize_metrics, token_logprobs
+from comprl_jax.rl.losses import LOSSES, chunked_token_logprobs, finalize_metrics, token_logprobs
 from comprl_jax.rl.train_state import TrainState
 
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedHead:
+    """A model given as trunk + output head, so updates score ``chunk`` positions at a time.
+
+    Pass one wherever a ``logits_fn`` is taken: the full ``[B, T, V]`` logits are then never materialised
+    (:func:`comprl_jax.rl.losses.chunked_token_logprobs`); values and gradients equal the plain path.
+
+    Attributes:
+      hidden_fn: ``(params, tokens, positions, attn_mask) -> hidden [B, T, D]``.
+      head_fn: ``(params, hidden [B, C, D]) -> logits [B, C, V]``.
+      chunk: positions per chunk (a sequence no longer than this takes one chunk).
+    """
+
+    hidden_fn: Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+    head_fn: Callable[[Any, jax.Array], jax.Array]
+    chunk: int
+
+
+def model_logprobs(logits_fn, params, mb, compute_entropy: bool = False):
+    """``(logprobs [B, T], entropy or None)`` of ``mb["tokens"]``: through the full logits of a plain
+    ``logits_fn``, or chunk by chunk for a :class:`ChunkedHead`."""
+    if isinstance(logits_fn, ChunkedHead):
+        hidden = logits_fn.hidden_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
+        return chunked_token_logprobs(
+            lambda h: logits_fn.head_fn(params, h), hidden, mb["tokens"], logits_fn.chunk, compute_entropy
+        )
+    logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
+    return token_logprobs(logits, mb["tokens"], compute_entropy)
+
+
 MODEL_KEYS = ("tokens", "positions", "attn_mask", "loss_mask")
 
 
@@ -62,8 +95,7 @@ def compute_logprobs(
     )
 
     def one(mb):
-        logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
-        logp, _ = token_logprobs(logits, mb["tokens"])
+        logp, _ = model_logprobs(logits_fn, params, mb)
         return logp * mb["loss_mask"].astype(jnp.float32)
 
     if num_micro_batches == 1:
@@ -74,8 +106,7 @@ def compute_logprobs(
 def loss_and_metrics(logits_fn: LogitsFn, kind: str, cfg, params, batch):
     """Forward + loss for one micro-batch (its ``token_weight`` already set from the full batch)."""
     loss_fn, _ = LOSSES[kind]
-    logits = logits_fn(params, batch["tokens"], batch["positions"], batch["attn_mask"])
-    logp, ent = token_logprobs(logits, batch["tokens"], cfg.compute_entropy)
+    logp, ent = model_logprobs(logits_fn, params, batch, cfg.compute_entropy)
     return loss_fn(logp, ent, batch, cfg)
 
 
