@@ -111,6 +111,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # (and the backward pass keeps them), so long inputs are processed in query chunks of this size, each chunk
 # rematerialised in the backward pass. Short inputs (decode steps, small prefills) take the direct path.
 QUERY_CHUNK = 512
+# Causal self-attention splits the query chunks into this many bands; band i needs only the key prefix up to
+# its end, so the work is (bands + 1) / (2 bands) of the full T x S (5/8 with 4). Within a band the chunks go
+# through one lax.map, which XLA runs one at a time: scores live for one chunk, not for all of T (an unrolled
+# Python loop of chunks lets XLA's scheduler keep every chunk's scores alive in the backward pass: O(T^2)).
+CAUSAL_BANDS = 4
 
 
 def _attention_dense(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
@@ -132,8 +137,8 @@ def attention(
     Args:
       q: ``[B, T, H, Dh]`` queries. k, v: ``[B, S, Hkv, Dh]`` keys/values (H a multiple of Hkv).
       allowed: ``[B, T, S]`` bool, which keys each query may see.
-      causal: keys are the queries' own sequence (S == T) and ``allowed`` is lower-triangular, so query chunk i
-        only needs keys ``[:(i+1)c]``: chunks are unrolled with static key prefixes, halving the work.
+      causal: keys are the queries' own sequence (S == T) and ``allowed`` is lower-triangular, so a band of
+        query chunks only needs the key prefix up to its end (``CAUSAL_BANDS``).
     Returns:
       ``[B, T, H * Dh]`` in ``q.dtype``. Chunking only changes the peak memory, not the result: each query row's
       softmax sees the same keys.
@@ -144,12 +149,21 @@ def attention(
         return _attention_dense(q, k, v, allowed)
     n = t // c
     if causal and k.shape[1] == t:
+        bands = max(d for d in range(1, min(CAUSAL_BANDS, n) + 1) if n % d == 0)
+        w = t // bands  # queries (and key-prefix growth) per band
         outs = []
-        for i in range(n):
-            e = (i + 1) * c
-            one = jax.checkpoint(_attention_dense)
-            outs.append(one(q[:, i * c : e], k[:, :e], v[:, :e], allowed[:, i * c : e, :e]))
+        for i in range(bands):
+            e = (i + 1) * w  # band i's queries see keys [:e] at most
+            outs.append(_chunked_queries(q[:, i * w : e], k[:, :e], v[:, :e], allowed[:, i * w : e, :e]))
         return jnp.concatenate(outs, axis=1)
+    return _chunked_queries(q, k, v, allowed)
+
+
+def _chunked_queries(q, k, v, allowed):
+    """Dense attention QUERY_CHUNK queries at a time (one lax.map, each chunk rematerialised)."""
+    b, t, h, dh = q.shape
+    c = QUERY_CHUNK
+    n = t // c
     qc = q.reshape(b, n, c, h, dh).swapaxes(0, 1)  # [n, B, c, H, Dh]
     ac = allowed.reshape(b, n, c, allowed.shape[-1]).swapaxes(0, 1)
     one = jax.checkpoint(lambda qa: _attention_dense(qa[0], k, v, qa[1]))
