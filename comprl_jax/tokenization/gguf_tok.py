@@ -8,13 +8,17 @@ GGUF keeps the vocabulary (``tokenizer.ggml.tokens``), token types, BPE merges a
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 # llama.cpp pre-tokenizer name -> tokenizers pre_tokenizer (+ normalizer). Qwen2 regex from its tokenizer.json.
 _QWEN2_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 _PRE = {
-    # SmolLM/SmolLM2: single digits, then the GPT-2 split regex.
+    # SmolLM/SmolLM2: llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM isolates every \p{N} first, then applies the GPT-2
+    # regex to the rest (as the model's own tokenizer.json: Digits(individual) + ByteLevel). transformers' GGUF
+    # tokenizer does not know "smollm" and uses the GPT-2 regex alone, which differs where whitespace meets a
+    # number ("  3": ours "ĠĠ" + "3", as in training; transformers "Ġ" + "Ġ" + "3"); see tests/test_gguf.py.
     "smollm": {
         "type": "Sequence",
         "pretokenizers": [{"type": "Digits", "individual_digits": True}, _BYTE_LEVEL],
@@ -124,6 +128,37 @@ def spec_from_gguf(path: str | os.PathLike) -> dict:
     Raises:
       FileNotFoundError: no such file. ValueError: naming the unsupported ``tokenizer.ggml.*`` key/value.
     """
+    return read_gguf_tokenizer(path)[0]
+
+
+# ChatML templates that insert a system turn when the conversation has none keep it as a literal
+# '<|im_start|>system\n...<|im_end|>' (a real newline, as SmolLM2, or a jinja "\n" escape, as Qwen2.5).
+_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", re.S)
+
+
+def default_system_from_template(template: str | None) -> str | None:
+    """The system prompt a ChatML ``chat_template`` inserts when a conversation has none (None if it inserts none).
+
+    Only a literal system turn counts (``'<|im_start|>system\n' + messages[0]['content']`` does not).
+    """
+    if not template:
+        return None
+    m = _DEFAULT_SYSTEM.search(template)
+    if m is None or "'" in m.group(1) or '"' in m.group(1):
+        return None
+    return m.group(1).replace("\\n", "\n")
+
+
+def read_gguf_tokenizer(path: str | os.PathLike) -> tuple[dict, dict]:
+    """``(tokenizer.json dict, extras)`` of the tokenizer inside a GGUF file.
+
+    ``extras``: ``bos_id`` (``tokenizer.ggml.bos_token_id`` when ``add_bos_token`` is true, else None: the chat
+    template then places every special token itself), ``eos_id``, ``chat_template`` (``tokenizer.chat_template``
+    or None) and ``default_system`` (the system prompt that template inserts, or None).
+
+    Raises:
+      FileNotFoundError: no such file. ValueError: naming the unsupported ``tokenizer.ggml.*`` key/value.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -134,6 +169,19 @@ def spec_from_gguf(path: str | os.PathLike) -> dict:
     pre = reader.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE:
         raise ValueError(f"{path}: unsupported tokenizer.ggml.pre={pre!r} (supported: {sorted(_PRE)})")
+    template = reader.get("tokenizer.chat_template")
+    extras = {
+        "bos_id": reader.get("tokenizer.ggml.bos_token_id")
+        if reader.get("tokenizer.ggml.add_bos_token")
+        else None,
+        "eos_id": reader.get("tokenizer.ggml.eos_token_id"),
+        "chat_template": template,
+        "default_system": default_system_from_template(template),
+    }
+    return _spec(reader, pre, path), extras
+
+
+def _spec(reader: dict, pre: str, path: str) -> dict:
     tokens = _field(reader, "tokenizer.ggml.tokens", path)
     types = _field(reader, "tokenizer.ggml.token_type", path)
     merges = _field(reader, "tokenizer.ggml.merges", path)
