@@ -5,7 +5,14 @@ from the logical-axis rules (``comprl_jax.sharding.DEFAULT_RULES``) on an abstra
 runs on a laptop. Convention: AdamW keeps mu and nu in float32 (8 bytes per parameter) whatever the parameter
 dtype; gradients are in the parameter dtype; activations and XLA temporaries are NOT counted.
 
+The paper's setting (``--paper=v5p-64`` / ``--paper=8xh100``, SPEC §9: Qwen2.5-7B actor at 32k, Qwen3-4B extractor
+at 64k, Qwen3-Embedding-0.6B, rollout 128 x 8) adds activations: per-layer remat, the chunked output head
+(``rl.update.ChunkedHead``), and how many rollout / distillation rows fit next to the rest (see
+:func:`paper_plan`); WORKSPACE.md holds the figures.
+
 COMMAND:
+  .venv/bin/python launch/plan_memory.py --paper=v5p-64     # one JSON line per placement, then a table
+  .venv/bin/python launch/plan_memory.py --paper=8xh100
   .venv/bin/python launch/plan_memory.py --config=qwen2.5-7b-instruct --mesh=fsdp=8 --batch=8 --seq_len=4096
   # prints one JSON line, then a table; optimizer state per device = 7,617,949,696 bytes (7.09 GiB)
   .venv/bin/python launch/plan_memory.py --config=qwen3-4b --mesh=data=2,fsdp=4 \
@@ -37,6 +44,8 @@ flags.DEFINE_string("param_dtype", "float32", "parameter (master weight) dtype")
 flags.DEFINE_string("cache_dtype", "bfloat16", "KV cache dtype")
 flags.DEFINE_string("extractor_config", None, "optional second model on its own (disjoint) mesh")
 flags.DEFINE_string("extractor_mesh", "fsdp=8", "mesh axes of the extractor")
+flags.DEFINE_enum("paper", None, ["v5p-64", "8xh100"], "plan the paper's full setting on this hardware")
+flags.DEFINE_integer("logits_chunk", 2048, "--paper: positions per output-head chunk (0 = full logits)")
 
 GIB = 1024**3
 
@@ -112,8 +121,206 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --- the paper's setting ---------------------------------------------------------------------------------------
+
+# One JAX device per chip. v5p: 2 TensorCores per chip act as one device (megacore); v5p-64 = 64 cores = 32 chips
+# on 8 hosts, 95 GiB HBM each (cloud.google.com/tpu/docs/v5p). H100 SXM 80 GB: 81,559 MiB as nvidia-smi reports.
+HARDWARE = {
+    "v5p-64": {"devices": 32, "hosts": 8, "hbm_bytes": 95 * GIB},
+    "8xh100": {"devices": 8, "hosts": 1, "hbm_bytes": 81_559 * 1024**2},
+}
+USABLE = 0.90  # of HBM: XLA's own reserve, fragmentation and the temporaries this plan does not itemise
+PAPER = {  # SPEC §9
+    "actor": "qwen2.5-7b-instruct",
+    "extractor": "qwen3-4b-thinking-2507",
+    "embedder": "qwen3-embedding-0.6b",
+    "actor_seq": 32_768,
+    "extractor_seq": 65_536,
+    "rollout_rows": 128 * 8,  # tasks x group size: trajectories per step
+    "distill_rows": 128 * 8,  # extractor.distill_from = "all": one distillation per trajectory
+    "extractor_buffer": 64,
+}
+
+
+def state_bytes(cfg, mesh_axes: dict[str, int], micro_batches: int) -> dict[str, int]:
+    """Per-device bytes of a trained model's resident state: float32 master params, AdamW mu + nu, the float32
+    gradient accumulator, and (when accumulating over micro-batches) one micro-batch's gradients."""
+    p = plan(cfg, mesh_axes, 1, 1, "float32", "bfloat16")["bytes_per_device"]
+    grads = p["grads"] * (2 if micro_batches > 1 else 1)
+    return {"params": p["params"], "adamw_state": p["adamw_state"], "grads": grads}
+
+
+def kv_bytes_per_row(cfg, seq: int, tensor: int) -> int:
+    """bf16 K and V of one sequence of ``seq`` tokens on one device (kv heads split over ``tensor``)."""
+    return 2 * cfg.num_layers * seq * -(-cfg.num_kv_heads // tensor) * cfg.head_dim * 2
+
+
+def update_activation_bytes(
+    cfg, rows: int, seq: int, tensor: int, logits_chunk: int, compute_bytes: int = 2
+) -> dict[str, int]:
+    """Per-device activation bytes of one micro-batch's forward + backward (``rows`` sequences on this device).
+
+    Matches the update path: bf16 compute (``compute_bytes``), per-layer remat (the scan saves each layer's input), one layer
+    recomputed at a time, query-chunked float32 attention (``layers.QUERY_CHUNK``, ``CAUSAL_BANDS``), and the chunked output head
+    whose logits, exp and cotangent are float32 (3 buffers of ``rows x chunk x V``; XLA's CPU plan of the plain
+    head shows the same 3x growth with V, tests/test_rl_update.py).
+    """
+    from comprl_jax.models.layers import CAUSAL_BANDS, QUERY_CHUNK
+
+    cd = compute_bytes
+    h, hkv, dh, d, f = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    t_h, t_kv, t_f = -(-h // tensor), -(-hkv // tensor), -(-f // tensor)
+    tokens = rows * seq
+    residual = cfg.num_layers * tokens * d * cd
+    # one layer: q, k, v (+ RoPE'd copies), attention output, gate/up/act, two norm outputs; values + cotangents
+    layer = tokens * (2 * (t_h + 2 * t_kv) * dh + t_h * dh + 3 * t_f + 2 * d) * cd * 2
+    # scores, probs and their cotangent for one query chunk per causal band (XLA overlaps the unrolled bands;
+    # band i sees (i + 1) / bands of the keys): layers.attention with CAUSAL_BANDS
+    n = seq // QUERY_CHUNK if seq > QUERY_CHUNK and seq % QUERY_CHUNK == 0 else 1
+    bands = max(d for d in range(1, min(CAUSAL_BANDS, n) + 1) if n % d == 0)
+    attention = rows * t_h * min(QUERY_CHUNK, seq) * seq * 4 * 3 * (bands + 1) // (2 * bands) * bands
+    chunk = logits_chunk if 0 < logits_chunk < seq else seq
+    head = (
+        3 * rows * chunk * -(-cfg.vocab_size // tensor) * 4 + 2 * tokens * d * 4
+    )  # + float32 hidden, cotangent
+    return {
+        "residual_stream": residual,
+        "layer_working_set": layer,
+        "attention_chunk": attention,
+        "head": head,
+    }
+
+
+def paper_plan(
+    hardware: str, placement: str, logits_chunk: int = 2048, actor_tensor: int = 1, extractor_tensor: int = 1
+) -> dict:
+    """Whether the paper's setting fits per device on ``hardware``, for one placement and tensor split.
+
+    Phases (trainer.py): rollout, then the actor update while the extractor distils this step's trajectories,
+    then the extractor update. Co-located, all models share every device and the overlapping pairs add up
+    (rollout || extractor update, actor update || distillation); disjoint, each model has half the devices.
+    Meshes are ``fsdp x tensor``; one sequence per fsdp group per micro-batch. Rollout and distillation caches
+    are static (full context per row), so the plan reports how many rows fit at once (globally) and how many
+    waves a step's 1,024 trajectories then need.
+    """
+    hw = HARDWARE[hardware]
+    n = hw["devices"]
+    usable = int(hw["hbm_bytes"] * USABLE)
+    actor_cfg, ext_cfg = named_config(PAPER["actor"]), named_config(PAPER["extractor"])
+    actor_n = ext_n = n if placement == "colocated" else n // 2
+    t_a, t_e = actor_tensor, extractor_tensor
+    for name, t, m in (("actor", t_a, actor_n), ("extractor", t_e, ext_n)):
+        if m % t:
+            raise ValueError(f"{name} tensor={t} does not divide its {m} devices")
+    actor_mesh = {"data": 1, "fsdp": actor_n // t_a, "tensor": t_a}
+    ext_mesh = {"data": 1, "fsdp": ext_n // t_e, "tensor": t_e}
+    actor_mb = -(-PAPER["rollout_rows"] // actor_mesh["fsdp"])  # micro-batches of one sequence per fsdp group
+    ext_mb = -(-PAPER["extractor_buffer"] // ext_mesh["fsdp"])
+    a_state = state_bytes(PAPER["actor"], actor_mesh, actor_mb)
+    e_state = state_bytes(PAPER["extractor"], ext_mesh, ext_mb)
+    emb = plan(PAPER["embedder"], ext_mesh, 1, 1, "bfloat16", "bfloat16")["bytes_per_device"]["params"]
+    a_act = update_activation_bytes(actor_cfg, 1, PAPER["actor_seq"], t_a, logits_chunk)
+    e_act = update_activation_bytes(ext_cfg, 1, PAPER["extractor_seq"], t_e, logits_chunk)
+    a_row = kv_bytes_per_row(actor_cfg, PAPER["actor_seq"], t_a)  # one row's cache on each of its t devices
+    e_row = kv_bytes_per_row(ext_cfg, PAPER["extractor_seq"], t_e)
+    a_res, e_res = sum(a_state.values()), sum(e_state.values()) + emb
+    a_up, e_up = sum(a_act.values()), sum(e_act.values())
+    if placement == "colocated":
+        peak_update = a_res + e_res + max(a_up, e_up)
+        free_rollout = usable - a_res - e_res - e_up  # rollout || extractor update
+        free_distill = usable - a_res - e_res - a_up  # actor update || distillation
+    else:
+        peak_update = max(a_res + a_up, e_res + e_up)
+        free_rollout, free_distill = usable - a_res, usable - e_res
+    # rows per device group: a row's cache is split over its tensor group, rows over the fsdp groups
+    rollout_rows = max(int(free_rollout // a_row), 0) * actor_mesh["fsdp"]
+    distill_rows = max(int(free_distill // e_row), 0) * ext_mesh["fsdp"]
+    fits = peak_update <= usable and rollout_rows >= 1 and distill_rows >= 1
+
+    def gib(x):
+        return round(x / GIB, 2)
+
+    return {
+        "bench": "plan_memory",
+        "hardware": hardware,
+        "placement": placement,
+        "mesh": {"actor": actor_mesh, "extractor": ext_mesh},
+        "hbm_gib": gib(hw["hbm_bytes"]),
+        "usable_gib": gib(usable),
+        "logits_chunk": logits_chunk,
+        "state_gib": {
+            "actor": {k: gib(v) for k, v in a_state.items()},
+            "extractor": {k: gib(v) for k, v in e_state.items()},
+            "embedder": gib(emb),
+        },
+        "update_activations_gib": {
+            "actor": {k: gib(v) for k, v in a_act.items()},
+            "extractor": {k: gib(v) for k, v in e_act.items()},
+        },
+        "kv_gib_per_row_per_device": {"actor_32k": gib(a_row), "extractor_64k": gib(e_row)},
+        "peak_update_gib": gib(peak_update),
+        "rollout_rows_at_once": rollout_rows,
+        "rollout_waves": -(-PAPER["rollout_rows"] // rollout_rows) if rollout_rows else None,
+        "distill_rows_at_once": distill_rows,
+        "distill_waves": -(-PAPER["distill_rows"] // distill_rows) if distill_rows else None,
+        "micro_batches": {"actor": actor_mb, "extractor": ext_mb},
+        "fits": bool(fits),
+    }
+
+
+def best_paper_plan(hardware: str, placement: str, logits_chunk: int = 2048) -> dict:
+    """The fitting plan with the least tensor parallelism (fewest waves on ties); the last tried if none fits."""
+    n = HARDWARE[hardware]["devices"] // (1 if placement == "colocated" else 2)
+    tried = [
+        paper_plan(hardware, placement, logits_chunk, ta, te)
+        for ta in (1, 2, 4)
+        for te in (1, 2, 4, 8)
+        if n % ta == 0 and n % te == 0
+    ]
+    fitting = [p for p in tried if p["fits"]]
+    if not fitting:
+        return tried[-1]
+    return min(
+        fitting,
+        key=lambda p: (
+            p["mesh"]["actor"]["tensor"] * p["mesh"]["extractor"]["tensor"],
+            p["rollout_waves"] + p["distill_waves"],
+        ),
+    )
+
+
+def paper_table(rows: list[dict]) -> str:
+    head = (
+        f"{'hardware':<8} {'placement':<10} {'actor mesh':<13} {'extr. mesh':<13} {'usable':>7} {'peak upd':>9} "
+        f"{'rollout rows':>13} {'waves':>6} {'distill rows':>13} {'waves':>6} fits"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        am, em = (f"fsdp={r['mesh'][k]['fsdp']},tp={r['mesh'][k]['tensor']}" for k in ("actor", "extractor"))
+        lines.append(
+            f"{r['hardware']:<8} {r['placement']:<10} {am:<13} "
+            f"{em:<13} {r['usable_gib']:>7.1f} {r['peak_update_gib']:>9.1f} "
+            f"{r['rollout_rows_at_once']:>13} {r['rollout_waves'] or '-':>6} "
+            f"{r['distill_rows_at_once']:>13} {r['distill_waves'] or '-':>6} {r['fits']}"
+        )
+    return (
+        "\n".join(lines)
+        + "\n(GiB per device; rows = sequences at full context at once; waves per step's 1,024)"
+    )
+
+
 def main(argv):
     del argv
+    if FLAGS.paper:
+        rows = [
+            plan_fn(FLAGS.paper, p, FLAGS.logits_chunk)
+            for plan_fn in (paper_plan, best_paper_plan)  # pure fsdp, then the least tensor split that fits
+            for p in ("colocated", "disjoint")
+        ]
+        for r in rows:
+            print(json.dumps(r))
+        print(paper_table(rows))
+        return
     rows = [
         plan(
             FLAGS.config,

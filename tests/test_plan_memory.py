@@ -1,5 +1,6 @@
 """launch/plan_memory.py: per-device bytes equal hand computations from the real configs."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -43,9 +44,7 @@ def test_qwen25_7b_fsdp8_optimizer_state_matches_hand_computation():
 
 
 def test_qwen3_4b_tensor_mesh_and_disjoint_extractor(capsys):
-    spec = importlib.util.spec_from_file_location("plan_memory", SCRIPT)
-    pm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pm)
+    pm = _pm()
     plan = pm.plan("qwen3-4b", pm.parse_mesh("data=2,fsdp=2,tensor=2"), 8, 1024, "bfloat16", "bfloat16")
     assert plan["devices"] == 8 and plan["param_count"] == 4_022_468_096
     # KV cache: L=36, batch 8 over data x fsdp (4), kv heads 8 over tensor (2), Dh 128, bf16.
@@ -69,3 +68,78 @@ def test_qwen3_4b_tensor_mesh_and_disjoint_extractor(capsys):
     out = json.loads(capsys.readouterr().out.splitlines()[0])
     assert out["total_devices_disjoint"] == 12
     assert out["extractor"]["bytes_per_device"]["adamw_state"] > out["bytes_per_device"]["adamw_state"]
+
+
+@functools.lru_cache(maxsize=1)
+def _pm():  # absl flags may be defined once per process
+    spec = importlib.util.spec_from_file_location("plan_memory", SCRIPT)
+    pm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pm)
+    return pm
+
+
+def test_paper_plan_terms_by_hand():
+    pm = _pm()
+    from comprl_jax.models.config import named_config
+
+    actor = named_config("qwen2.5-7b-instruct")
+    # K and V, bf16: 2 x 28 layers x 32,768 tokens x 4 kv heads x 128 x 2 bytes; kv heads split over tensor=2.
+    assert pm.kv_bytes_per_row(actor, 32_768, 1) == 2 * 28 * 32_768 * 4 * 128 * 2 == 1_879_048_192
+    assert pm.kv_bytes_per_row(actor, 32_768, 2) == 1_879_048_192 // 2
+    act = pm.update_activation_bytes(actor, 1, 32_768, 1, 2048)
+    assert act["residual_stream"] == 28 * 32_768 * 3584 * 2  # each layer's bf16 input, kept by remat
+    # q, k, v (+RoPE'd copies) 2 x (28 + 8) x 128, attention out 28 x 128, MLP 3 x 18944, 2 norms: x2 bytes x2
+    assert act["layer_working_set"] == 32_768 * (2 * 36 * 128 + 28 * 128 + 3 * 18_944 + 2 * 3584) * 4
+    # 3 float32 buffers of one 512-query chunk per band; 4 bands see 1/4 .. 4/4 of the keys: x 2.5
+    assert act["attention_chunk"] == 28 * 512 * 32_768 * 4 * 3 * 5 // 2
+    # logits, exp, cotangent of a 2048-position chunk (float32) + the float32 hidden state and its cotangent
+    assert act["head"] == 3 * 2048 * 152_064 * 4 + 2 * 32_768 * 3584 * 4
+
+
+def test_paper_plan_verdicts():
+    """The figures quoted in WORKSPACE.md: v5p-64 fits with plain FSDP either way; one 8xH100 node does not,
+    and fits once the extractor (64k sequences) is split over tensor=2."""
+    pm = _pm()
+    v5p = pm.paper_plan("v5p-64", "colocated")
+    assert v5p["fits"] and v5p["mesh"]["actor"] == {"data": 1, "fsdp": 32, "tensor": 1}
+    assert v5p["rollout_rows_at_once"] == 352 and v5p["rollout_waves"] == 3
+    assert pm.paper_plan("v5p-64", "disjoint")["fits"]
+    for placement in ("colocated", "disjoint"):
+        assert not pm.paper_plan("8xh100", placement)["fits"]
+        best = pm.best_paper_plan("8xh100", placement)
+        assert best["fits"] and best["mesh"]["extractor"]["tensor"] == 2, best["mesh"]
+        assert best["peak_update_gib"] <= best["usable_gib"]
+
+
+def test_activation_estimate_tracks_xla_buffer_plan():
+    """The activation formula against XLA's own plan of the real update (remat + chunked head) on small models."""
+    import jax
+    import jax.numpy as jnp
+
+    from comprl_jax.models.config import ModelConfig
+    from comprl_jax.models.decoder import forward, init_decoder, logits_from_hidden
+    from comprl_jax.rl import losses
+    from comprl_jax.rl.update import ChunkedHead, accumulate_gradients
+
+    pm = _pm()
+    base = dict(
+        vocab_size=2048, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8, num_kv_heads=2
+    )
+    for extra, t in [({}, 2048), ({"num_heads": 16}, 2048), ({}, 1024)]:
+        cfg = ModelConfig.tiny("qwen3", **{**base, "head_dim": 32, **extra})
+        graphdef, params = init_decoder(cfg, seed=0)
+        hidden = functools.partial(forward, graphdef, return_hidden=True, remat=True)
+        scorer = ChunkedHead(hidden, functools.partial(logits_from_hidden, graphdef), 256)
+        batch = {
+            "tokens": jnp.zeros((1, t), jnp.int32),
+            "positions": jnp.arange(t, dtype=jnp.int32)[None],
+            "attn_mask": jnp.ones((1, t), bool),
+            "loss_mask": jnp.ones((1, t), jnp.float32),
+            "old_logprobs": jnp.zeros((1, t), jnp.float32),
+            "advantages": jnp.ones((1,), jnp.float32),
+            "subgroup": jnp.zeros((1,), jnp.int32),
+        }
+        fn = jax.jit(lambda p, b, s=scorer: accumulate_gradients(s, "actor", losses.ActorLossConfig(), p, b))
+        xla = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+        est = sum(pm.update_activation_bytes(cfg, 1, t, 1, 256, compute_bytes=4).values())
+        assert 0.9 * xla <= est <= 1.5 * xla, (extra, t, est, xla)
