@@ -123,11 +123,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.log_every = 1
 
     c.mesh = ml_collections.ConfigDict()
+    # Each role's mesh is (data, fsdp, tensor) over its devices (one -1 = fill). "colocated": actor and extractor
+    # on the same devices; "disjoint": each process gives actor_fraction of its devices to the actor, the rest
+    # to the extractor (the extractor's update then runs during the actor's rollouts). See distributed.py.
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
     c.mesh.placement = "colocated"
-    c.mesh.actor_fraction = 0.5  # disjoint placement: share of devices for the actor
+    c.mesh.actor_fraction = 0.5  # disjoint placement: share of each process's devices for the actor
+    c.mesh.num_devices = 0  # devices used (0 = all; else the same number from every process)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 5
@@ -195,6 +199,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.retrieval.clock in ("logical", "wall"), "retrieval.clock", "must be 'logical' or 'wall'")
     _check(c.mesh.placement in PLACEMENTS, "mesh.placement", f"not in {PLACEMENTS}")
     _check(0.0 < c.mesh.actor_fraction < 1.0, "mesh.actor_fraction", "must be in (0, 1)")
+    _check(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
+    for axis in ("data", "fsdp", "tensor"):
+        _check(c.mesh[axis] == -1 or c.mesh[axis] >= 1, f"mesh.{axis}", "must be -1 (fill) or >= 1")
+    _check(
+        [c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1,
+        "mesh.data / mesh.fsdp / mesh.tensor",
+        "at most one may be -1 (fill)",
+    )
     _check(c.train.steps >= 1, "train.steps", "must be >= 1")
     _check(
         c.checkpoint.every >= 1 and c.checkpoint.max_to_keep >= 2,
@@ -272,6 +284,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.retrieval.search_and_ask = False
         c.manager.search_workers = 2
         c.manager.embed_workers = 1
+        c.mesh.num_devices = 1  # tiny batches stay on one device; --config.mesh.num_devices=0 uses them all
         return c
     if scale == "smollm":
         c.actor.model = "smollm2_135m_instruct"

@@ -7,6 +7,14 @@ generation key of the n-th extractor call is ``fold_in(key(seed), n)`` (n is che
 logical by default (``step * retrieval.seconds_per_step``). A resumed run therefore replays bit-identically.
 Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
 while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
+
+Multi-process (``jax.process_count() > 1``): every process holds an identical manager and calls it identically.
+Distillation then runs inline (the trainer dispatches the actor update first, so the device work still overlaps):
+one thread issues every jitted call, in the same order on every process. Retrieval is exact search (the ScaNN
+path is off: its k-means build is not guaranteed identical across processes); at the paper's capacity (20,000
+entries) an exact search of a 16-query micro-batch is a few milliseconds of numpy. Identical banks + identical
+queries + deterministic search = identical results on every process, so nothing needs to be broadcast; the
+trainer checks the replicas' digests at every checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from comprl_jax.experience import (
     BufferConfig,
     DistillRequest,
     ExperienceManager,
+    IndexConfig,
     ManagerConfig,
     RetrievalConfig,
 )
@@ -51,6 +60,9 @@ class ExtractorTrack:
         self.calls = 0  # extractor generation calls so far (keys are derived from it)
         self._now = 0.0
         self.search_ms: list[float] = []
+        self.inline = jax.process_count() > 1
+        # Multi-process: exact search only (deterministic on every process), no background index builds.
+        index = IndexConfig(scann_min_size=2**62, background=False) if self.inline else IndexConfig()
         self.mgr = ExperienceManager(
             embedder.embed,
             embedder.dim,
@@ -60,6 +72,7 @@ class ExtractorTrack:
                 dedup_threshold=c.bank.dedup_threshold or None,
                 max_entry_chars=c.extractor.max_entry_chars,
                 key=c.bank.key,
+                index=index,
             ),
             retrieval_cfg=RetrievalConfig(
                 top_k=c.retrieval.k,
@@ -159,6 +172,10 @@ class ExtractorTrack:
             for t in trajs
             if self.c.extractor.distill_from == "all" or t.spec.guided
         ]
+        if self.inline:
+            fut: cf.Future = cf.Future()
+            fut.set_result(self.mgr.distill(reqs))
+            return fut
         return self._executor.submit(self.mgr.distill, reqs)
 
     def merge(self, step: int) -> dict:

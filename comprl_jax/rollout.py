@@ -6,6 +6,10 @@ assistant mask handed to the trainer are exactly the sampled ones (``Conversatio
 are appended to the live KV cache (incremental prefill), never re-encoding the history.
 
 Episode = ``EpisodeSpec`` (task, group member, guided or not, the experience block in its system prompt).
+
+Multi-process (``gather`` given): every process holds every episode's host state, but steps only the env slots
+it owns (:func:`comprl_jax.distributed.owned_rows`); the results are all-gathered after each reset / step, so
+all processes build identical sampler inputs and issue identical jitted calls.
 """
 
 from __future__ import annotations
@@ -113,11 +117,27 @@ class Pools:
             p.close()
 
 
-def reset_all(pools: Pools, specs: Sequence[EpisodeSpec]) -> list[tuple[str, dict]]:
-    """Resets every episode (the K of a group share the task seed) and returns ``(obs, info)`` per spec."""
+def reset_all(pools: Pools, specs: Sequence[EpisodeSpec], gather: Any = None) -> list[tuple[str, dict]]:
+    """Resets every episode (the K of a group share the task seed) and returns ``(obs, info)`` per spec.
+
+    ``gather``: multi-process exchange (``{row: value} -> {row: value}`` over all processes); this process then
+    resets only the rows it owns.
+    """
     slot_of = _slots(specs)
-    futs = [pools.pools[s.task.env_id].submit_reset(slot_of[i], s.task.seed) for i, s in enumerate(specs)]
-    return [f.result() for f in futs]
+    rows = _own(len(specs), gather)
+    futs = {i: pools.pools[specs[i].task.env_id].submit_reset(slot_of[i], specs[i].task.seed) for i in rows}
+    if gather is None:
+        return [futs[i].result() for i in rows]
+    got = gather({i: list(f.result()) for i, f in futs.items()})
+    return [(got[i][0], got[i][1]) for i in range(len(specs))]
+
+
+def _own(n: int, gather: Any) -> range:
+    if gather is None:
+        return range(n)
+    from comprl_jax.distributed import owned_rows
+
+    return owned_rows(n)
 
 
 def _slots(specs: Sequence[EpisodeSpec]) -> list[int]:
@@ -145,6 +165,7 @@ def run_episodes(
     stop_strings: Sequence[str] = ("</answer>",),
     ask: Any = None,
     ask_max: int = 2,
+    gather: Any = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Plays all episodes to the end. Returns trajectories (spec order) and timing stats.
 
@@ -157,9 +178,12 @@ def run_episodes(
         A reply holding ``<knowledge_search_and_ask>q</knowledge_search_and_ask>`` (at most ``ask_max`` times per
         episode) is answered as a tool message instead of an env step; the keys are returned per trajectory in
         ``Trajectory.ask_keys`` so the trainer can reward those extractor samples with the episode outcome.
+      gather: multi-process exchange (see :func:`reset_all`): env steps of the rows this process owns, then
+        all-gathered.
     """
     B = len(specs)
     slot_of = _slots(specs)
+    own = set(_own(B, gather))
     conv = sampler.conversation(batch=B, max_len=max_len)
     first: list[list[int] | None] = []
     for s, (obs, _) in zip(specs, resets, strict=True):
@@ -229,10 +253,14 @@ def run_episodes(
         futs = {
             b: pools.pools[specs[b].task.env_id].submit_step(slot_of[b], replies[b])
             for b in range(B)
-            if live[b] and b not in tool_turn
+            if live[b] and b not in tool_turn and b in own
         }
-        for b, fut in futs.items():
-            o, r, term, trunc, info = fut.result()
+        results = {b: fut.result() for b, fut in futs.items()}
+        if gather is not None:
+            results = {
+                b: tuple(v) for b, v in sorted(gather({b: list(v) for b, v in results.items()}).items())
+            }
+        for b, (o, r, term, trunc, info) in results.items():
             transcripts[b].append((obs_now[b], replies[b]))
             turns[b] += 1
             reward[b] += float(r)

@@ -185,15 +185,35 @@ def constrain(x: jax.Array, mesh: Mesh | None, names: Sequence[str | None], rule
 def put_batch(batch: Any, mesh: Mesh, names: Sequence[str | None] = ("batch",), rules=DEFAULT_RULES) -> Any:
     """The one host->device transfer of a batch: numpy leaves ``[B, ...]`` -> arrays sharded over the batch axes.
 
-    Multi-process: each process passes its *local* rows; ``jax.make_array_from_process_local_data`` assembles
-    the global array.
+    ``batch`` is the *global* batch (every process of a multi-process run holds the same host values, see
+    ``comprl_jax/distributed.py``). Multi-process: each process hands over only the rows its own devices hold
+    (:func:`process_rows`) through ``jax.make_array_from_process_local_data``.
     """
     sharding = named_sharding(mesh, names, rules)
 
     def one(x):
         x = np.asarray(x)
         if jax.process_count() > 1:
-            return jax.make_array_from_process_local_data(sharding, x)
+            rows = process_rows(sharding, x.shape)
+            local = x if rows is None else x[rows]
+            return jax.make_array_from_process_local_data(sharding, local, x.shape)
         return jax.device_put(x, sharding)
 
     return jax.tree.map(one, batch)
+
+
+def process_rows(sharding: NamedSharding, shape: Sequence[int]) -> slice | None:
+    """The contiguous block of leading-axis rows this process's devices hold under ``sharding``; None when that
+    is the whole axis (replicated rows) or not one block (the full array is then passed; JAX takes its parts)."""
+    n = shape[0]
+    blocks = set()
+    for ix in sharding.addressable_devices_indices_map(tuple(shape)).values():
+        lo, hi, _ = (ix[0] if ix else slice(None)).indices(n)
+        blocks.add((lo, hi))
+    lo, hi = min(b[0] for b in blocks), max(b[1] for b in blocks)
+    covered = lo
+    for a, b in sorted(blocks):
+        if a > covered:
+            return None
+        covered = max(covered, b)
+    return None if (lo, hi) == (0, n) or covered != hi else slice(lo, hi)

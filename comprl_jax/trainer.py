@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -30,7 +31,9 @@ import jax
 import numpy as np
 
 from comprl_jax import batching
+from comprl_jax import distributed as dist
 from comprl_jax import metrics as mlib
+from comprl_jax import sharding as shd
 from comprl_jax.checkpoint import RunCheckpointer
 from comprl_jax.experience.retrieval import format_experience
 from comprl_jax.extractor_track import ExtractorTrack
@@ -46,6 +49,7 @@ from comprl_jax.rl import (
     make_optimizer,
     make_update_fn,
     subgroup_advantages,
+    train_state_shardings,
 )
 from comprl_jax.rollout import EpisodeSpec, Pools, outcome, reset_all, run_episodes
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
@@ -73,40 +77,65 @@ class Role:
     update: Any
     logprobs: Any
     sampler: SamplerService
+    mesh: Any = None  # the role's device mesh (None: one device, unsharded)
 
 
-def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int) -> Role:
+def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int, mesh=None) -> Role:
     """``batch_rows``: rows of every update batch of this role (fixed: one rollout batch / one buffer pop)."""
     if batch_rows % c.micro_batch:
         raise ValueError(
             f"config key {kind}.micro_batch={c.micro_batch} must divide the {kind} batch of {batch_rows} rows"
         )
+    nb = dist.batch_devices(mesh)
+    if c.micro_batch % nb:
+        raise ValueError(
+            f"config key {kind}.micro_batch={c.micro_batch} must be a multiple of the {nb} devices the {kind} "
+            f"batch is split over (mesh.data x mesh.fsdp of its mesh {dict(mesh.shape)}); raise "
+            f"{kind}.micro_batch, or put devices on mesh.tensor / use fewer with mesh.num_devices"
+        )
     m = batch_rows // c.micro_batch
     tx = make_optimizer(OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip))
-    state = create_train_state(model.params, tx)
+    state = create_train_state(model.params, tx, mesh)
     logits_fn = functools.partial(decoder.forward, model.graphdef)
-    update = make_update_fn(logits_fn, kind, loss_cfg, tx, num_micro_batches=m)
-    logprobs = make_logprob_fn(logits_fn, num_micro_batches=m)
+    shardings = None if mesh is None else train_state_shardings(state, mesh)
+    update = make_update_fn(
+        logits_fn, kind, loss_cfg, tx, num_micro_batches=m, mesh=mesh, state_shardings=shardings
+    )
+    logprobs = make_logprob_fn(
+        logits_fn,
+        num_micro_batches=m,
+        mesh=mesh,
+        param_shardings=None if shardings is None else shardings.params,
+    )
     tok = model.tokenizer
     stop_ids = [i for i in (tok.eos_id, tok.special_ids.get("<|im_end|>")) if i is not None]
-    sampler = SamplerService(
+    sampler = (SamplerService if mesh is None else dist.mesh_sampler_cls())(
         model.graphdef,
         state.params,
         model.cfg,
         vocab=vocab_bytes(tok, model.cfg.vocab_size),
         stop_token_ids=stop_ids,
         pad_id=tok.pad_id,
+        mesh=mesh,
     )
-    return Role(model, state, update, logprobs, sampler)
+    return Role(model, state, update, logprobs, sampler, mesh)
 
 
-def _train_role(role: Role, batch: dict[str, np.ndarray]) -> dict[str, float]:
-    """Old logprobs with the pre-update params, then one optimizer step; params pushed to the sampler."""
-    batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+def _dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Old logprobs with the pre-update params, then one optimizer step; params pushed to the sampler.
+    Returns the metrics as device arrays: nothing here waits for the device (async dispatch)."""
+    if role.mesh is None:
+        batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+    else:  # the one host->device transfer; each process feeds the rows its devices hold
+        batch = shd.put_batch(batch, role.mesh)
     batch["old_logprobs"] = role.logprobs(role.state.params, batch)
     role.state, m = role.update(role.state, batch)
     role.sampler.update_params(role.state.params)
     return m
+
+
+def _train_role(role: Role, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    return jax.device_get(_dispatch_update(role, batch))
 
 
 class Trainer:
@@ -124,11 +153,30 @@ class Trainer:
         self.pools = Pools(
             c.env.tasks, slots, c.env.workers, c.env.backend, c.env.max_turns, c.env.step_timeout_s
         )
+        # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
+        self.actor_mesh, self.extractor_mesh = dist.build_meshes(c.mesh)
+        self.multi = dist.multi()
+        self.leader = dist.is_leader()
+        self.overlap_extractor = (
+            self.actor_mesh is not None
+            and c.mesh.placement == "disjoint"
+            and not c.retrieval.search_and_ask  # search & ask samples the extractor during rollouts
+        )
+        self._xpending: tuple | None = (
+            None  # an extractor update in flight: (metrics row, device metrics, t0)
+        )
+        self.timeline: list[dict] = []
         tok = None
         if "tiny" in (c.actor.model, c.extractor.model):
-            tok = tiny_tokenizer(self._corpus(), os.path.join(workdir, "tokenizer"))
+            tok_dir = os.path.join(workdir, "tokenizer")
+            # One process trains the vocabulary; the others load it (the run directory is shared).
+            if self.leader:
+                tok = tiny_tokenizer(self._corpus(), tok_dir)
+            dist.barrier("tiny_tokenizer")
+            if not self.leader:
+                tok = tiny_tokenizer([], tok_dir)
         self.actor = _role(
-            load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed),
+            load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed, mesh=self.actor_mesh),
             "actor",
             c.actor,
             ActorLossConfig(
@@ -138,16 +186,24 @@ class Trainer:
                 subgroup_mean=c.actor.subgroup_mean,
             ),
             slots * len(c.env.tasks),
+            self.actor_mesh,
         )
         self.extractor = None
         self.track = None
         if self.experience:
             self.extractor = _role(
-                load_model(c.extractor.model, role="extractor", tokenizer=tok, seed=c.seed + 1),
+                load_model(
+                    c.extractor.model,
+                    role="extractor",
+                    tokenizer=tok,
+                    seed=c.seed + 1,
+                    mesh=self.extractor_mesh,
+                ),
                 "extractor",
                 c.extractor,
                 ExtractorLossConfig(clip_eps=c.extractor.cispo_eps, loss_agg=c.extractor.loss_agg),
                 c.extractor.buffer_size,
+                self.extractor_mesh,
             )
             from comprl_jax.models.embedders import get_embedder
 
@@ -211,7 +267,10 @@ class Trainer:
 
     # -- state -----------------------------------------------------------------------------------------
     def _train_tree(self):
-        tree = {"actor": self.actor.state, "key": jax.random.key_data(self.key)}
+        key = jax.random.key_data(self.key)
+        if self.actor_mesh is not None:  # a global array, so every process takes part in the Orbax save
+            key = dist.replicate(np.asarray(key), self.actor_mesh)
+        tree = {"actor": self.actor.state, "key": key}
         if self.extractor is not None:
             tree["extractor"] = self.extractor.state
         return tree
@@ -222,18 +281,43 @@ class Trainer:
     def save(self, force: bool = False) -> bool:
         """Experience store first (its own atomic directory per step), then the Orbax step that refers to it: a
         crash in between leaves no Orbax step, so resume falls back to a step whose store exists."""
-        if not force and self.step % self.ckpt.save_every:
+        if not force and not self.save_due():
             return False
-        if self.track is not None:
+        self.join_extractor()
+        if self.multi:
+            dist.check_replicas(f"host state at step {self.step}", self.host_digest())
+        if self.track is not None and self.leader:  # identical on every process: one writer
             self.track.save(self._experience_dir(self.step))
+        dist.barrier(f"experience_{self.step}")
         host = {
             "step": self.step,
             "tasks": self.tasks.state_dict(),
             "config": json.loads(self.c.to_json_best_effort()),
         }
         saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
-        self._prune_experience()
+        if self.leader:
+            self._prune_experience()
         return saved
+
+    def save_due(self) -> bool:
+        return self.step % self.ckpt.save_every == 0
+
+    def host_digest(self) -> str:
+        """SHA-256 of the replicated host state (bank, buffer, counters, task sampler, step)."""
+        return dist.host_digest(self.track, {"step": self.step, "tasks": self.tasks.state_dict()})
+
+    def param_bytes(self) -> int:
+        roles = [r for r in (self.actor, self.extractor) if r is not None]
+        return sum(x.nbytes for r in roles for x in jax.tree.leaves(r.state.params))
+
+    def digests(self) -> dict[str, Any]:
+        """This process's replica digests (parameters and host state); identical on every process."""
+        self.join_extractor()
+        out = {"step": self.step, "process": jax.process_index(), "host": self.host_digest()}
+        out["actor"] = dist.tree_digest(self.actor.state.params)
+        if self.extractor is not None:
+            out["extractor"] = dist.tree_digest(self.extractor.state.params)
+        return out
 
     def _prune_experience(self) -> None:
         root = os.path.join(self.workdir, "experience")
@@ -259,7 +343,8 @@ class Trainer:
         if self.extractor is not None:
             self.extractor.state = train["extractor"]
             self.extractor.sampler.update_params(self.extractor.state.params)
-        self.key = jax.random.wrap_key_data(train["key"])
+        # Back to a process-local key (as in a fresh run): keys enter jitted calls as replicated inputs.
+        self.key = jax.random.wrap_key_data(np.asarray(dist.local_replica(train["key"])))
         self.step = int(host["step"])
         self.tasks.load_state_dict(host["tasks"])
         if self.track is not None:
@@ -275,7 +360,9 @@ class Trainer:
     def rollout(self, tasks, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
         specs = self._specs(tasks, guided_ok)
         t0 = time.perf_counter()
-        resets = reset_all(self.pools, specs)
+        w0 = time.time()
+        gather = self._gather if self.multi else None
+        resets = reset_all(self.pools, specs, gather)
         if guided_ok and self.track is not None:
             self.track.set_step(step)
             gi = [i for i, s in enumerate(specs) if s.guided]
@@ -299,9 +386,24 @@ class Trainer:
             constraint_for=self._constraint if self.c.actor.constrained else None,
             ask=ask,
             ask_max=r.search_and_ask_max,
+            gather=gather,
         )
         timing["rollout_s"] = time.perf_counter() - t0
+        self._event("actor_rollout", step, w0, time.time())
         return trajs, timing
+
+    def _gather(self, local: dict) -> dict:
+        """Host exchange over the actor's devices (an extractor update in flight elsewhere is not waited for)."""
+        devs = self.actor_mesh.devices.reshape(-1).tolist() if self.actor_mesh is not None else None
+        return dist.allgather_objects(local, devs)
+
+    def _event(self, name: str, step: int, start: float, end: float) -> None:
+        """Wall-clock spans of the two tracks (``timeline.jsonl``): shows what overlapped what."""
+        ev = {"event": name, "step": int(step), "start": start, "end": end}
+        self.timeline.append(ev)
+        if self.leader:
+            with open(os.path.join(self.workdir, "timeline.jsonl"), "a") as f:
+                f.write(json.dumps(ev) + "\n")
 
     def train_step(self) -> dict[str, float]:
         c, step = self.c, self.step
@@ -309,7 +411,11 @@ class Trainer:
         tasks = self.tasks.next()
         # Offline Exp.: the first bank.offline_build_steps steps build the bank (actor frozen), then it is fixed.
         building = c.method == "offline" and step < c.bank.offline_build_steps
+        if c.retrieval.search_and_ask:
+            self.join_extractor()  # search & ask samples the extractor during the rollout
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
+        # The previous step's extractor update (disjoint placement) ran on its own devices during the rollout.
+        self.join_extractor()
         rewards = np.array([outcome(t, t.spec.task.env_id) for t in trajs], np.float32)
         K = c.rollout.group_size
         sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
@@ -321,9 +427,8 @@ class Trainer:
         t_x = time.perf_counter()
         if self.track is not None:
             self.track.record_outcomes(trajs)
-            if c.method != "offline" or building:
-                fut = self.track.distill_async(trajs, step)
         t_up = time.perf_counter()
+        am = None
         if self.train_actor and step >= c.actor.warmup_steps and not building:
             batch = batching.pack(
                 [t.tokens for t in trajs],
@@ -333,7 +438,12 @@ class Trainer:
             batch.pop("row_valid")
             batch["advantages"] = adv
             batch["subgroup"] = sub
-            am = _train_role(self.actor, batch)
+            am = _dispatch_update(self.actor, batch)  # async: returns before the device finishes
+        if self.track is not None and (c.method != "offline" or building):
+            # Distillation (extractor generation + ops) overlaps the actor update: a thread on one process, inline
+            # after the actor's async dispatch on several (one thread issues all jitted calls, in order).
+            fut = self.track.distill_async(trajs, step)
+        if am is not None:
             m.update({f"actor/{k}": v for k, v in jax.device_get(am).items()})
         m["time/update_s"] = time.perf_counter() - t_up
         if fut is not None:
@@ -343,7 +453,9 @@ class Trainer:
             if self.train_extractor:
                 xb = self.track.pop_batch(step)
                 if xb is not None:
-                    m.update({f"extractor/{k}": v for k, v in self._extractor_update(xb, step).items()})
+                    self._start_extractor_update(xb, step, m)
+                    if not self.overlap_extractor:
+                        self.join_extractor()
         if self.track is not None:
             m.update(self.track.stats())
         m["time/extraction_s"] = time.perf_counter() - t_x - m["time/update_s"]
@@ -356,7 +468,14 @@ class Trainer:
         m["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
         return m
 
-    def _extractor_update(self, xb, step: int) -> dict[str, float]:
+    def _start_extractor_update(self, xb, step: int, row: dict) -> None:
+        """Dispatches the extractor's CISPO update (async); :meth:`join_extractor` adds its metrics to ``row``.
+
+        With disjoint placement the join waits until after the next step's rollout, so the update runs on the
+        extractor's devices while the actor's devices play episodes (SPEC §6); nothing reads the extractor in
+        between (search & ask turns this off). The bank-side bookkeeping (``mark_trained``) needs only the batch
+        and happens now, at its fixed point of the step.
+        """
         tok = self.extractor.model.tokenizer
         seqs, masks = [], []
         for p, r in zip(xb.prompts, xb.responses, strict=True):
@@ -369,14 +488,39 @@ class Trainer:
         # Unweighted r - mean; the loss applies the Eq. 7 weights through sample_weight (once).
         batch["advantages"] = np.asarray(extractor_advantages(xb.rewards), np.float32)
         batch["sample_weight"] = np.asarray(xb.weights, np.float32)
-        out = jax.device_get(_train_role(self.extractor, batch))
         self.track.mark_trained(xb, step)
-        out["reward_mean"] = float(np.mean(xb.rewards))
-        return out
+        t0 = time.time()
+        dm = _dispatch_update(self.extractor, batch)
+        done: dict[str, float] = {}
+        # Records when the device work finished (a wait, not a dispatch: safe on any thread).
+        watcher = threading.Thread(
+            target=lambda: (jax.block_until_ready(dm), done.setdefault("end", time.time())),
+            name="extractor-update-watch",
+            daemon=True,
+        )
+        watcher.start()
+        self._xpending = (row, dm, float(np.mean(xb.rewards)), step, t0, watcher, done)
+
+    def join_extractor(self) -> None:
+        """Waits for the extractor update in flight (if any) and puts its metrics in the row of its step."""
+        if self._xpending is None:
+            return
+        row, dm, reward_mean, step, t0, watcher, done = self._xpending
+        self._xpending = None
+        out = jax.device_get(dm)
+        watcher.join()
+        out["reward_mean"] = reward_mean
+        row.update({f"extractor/{k}": v for k, v in out.items()})
+        self._event("extractor_update", step, t0, done.get("end", time.time()))
+
+    @property
+    def extractor_pending(self) -> bool:
+        return self._xpending is not None
 
     # -- evaluation ----------------------------------------------------------------------------------
     def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, float]:
         """Held-out tasks (disjoint seed range); greedy-free sampling as in training; per-env success."""
+        self.join_extractor()
         tasks = self.tasks.eval_tasks(n_per_task)
         K = self.c.rollout.group_size
         slots = self.c.rollout.tasks_per_step * K
@@ -398,6 +542,10 @@ class Trainer:
         return {k: float(np.mean(v)) for k, v in scores.items()}
 
     def close(self) -> None:
+        try:
+            self.join_extractor()
+        except Exception:  # noqa: BLE001 -- closing after a failure: release the pools regardless
+            log.exception("extractor update in flight failed")
         self.pools.close()
         if self.track is not None:
             self.track.close()
@@ -438,20 +586,24 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
       ``{"step", "last_metrics", "eval"}``.
     """
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
+    if dist.is_leader():
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2))
     tr = Trainer(config, workdir)
     try:
         resumed = tr.restore()
         writer = mlib.MetricsWriter(workdir, resume_step=tr.step if resumed else 0)
         mlib.start_memory_tracking()
         bar = None
-        if progress:
+        if progress and tr.leader:
             from tqdm import tqdm
 
             bar = tqdm(total=config.train.steps, initial=tr.step, desc=config.experiment, unit="step")
         last: dict[str, float] = {}
         done_here = 0
+        rows: list[
+            tuple[int, dict]
+        ] = []  # written once complete (an extractor update may still be in flight)
         while tr.step < config.train.steps:
             t0 = time.perf_counter()
             m = tr.train_step()
@@ -459,13 +611,19 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
             mem = mlib.device_memory_mb()
             if mem is not None:
                 m["device_mem_mb"] = mem
-            last = writer.write(tr.step - 1, m)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(success=f"{m['success']:.2f}", bank=int(m.get("bank/size", 0)))
-            tr.save()
+            rows.append((tr.step - 1, m))
             done_here += 1
-            if stop_after is not None and done_here >= stop_after:
+            stopping = tr.step >= config.train.steps or (stop_after is not None and done_here >= stop_after)
+            if stopping or tr.save_due():
+                tr.join_extractor()
+            for s, r in rows[: len(rows) - tr.extractor_pending]:
+                last = writer.write(s, r)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(success=f"{r['success']:.2f}", bank=int(r.get("bank/size", 0)))
+            rows = rows[len(rows) - tr.extractor_pending :]
+            tr.save()
+            if stopping:
                 break
         tr.save(force=True)
         writer.flush()
@@ -474,10 +632,18 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
             ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
             if tr.track is not None:
                 ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
-            with open(os.path.join(workdir, "eval.json"), "w") as f:
-                json.dump(ev, f, indent=2)
+            if tr.leader:
+                with open(os.path.join(workdir, "eval.json"), "w") as f:
+                    json.dump(ev, f, indent=2)
             result["eval"] = ev
-            mlib.plot_curves({config.method: writer.path}, os.path.join(workdir, "curves.png"))
+            if tr.leader:
+                mlib.plot_curves({config.method: writer.path}, os.path.join(workdir, "curves.png"))
+        # Every process writes its replicas' digests: identical files = identical parameters, banks, buffers.
+        # (Skipped past 1 GiB of parameters: a digest copies every replica to the host.)
+        if tr.param_bytes() <= 2**30:
+            result["digests"] = tr.digests()
+            with open(os.path.join(workdir, f"digest_p{jax.process_index()}.json"), "w") as f:
+                json.dump(result["digests"], f, indent=2)
         writer.close()
         if bar is not None:
             bar.close()
