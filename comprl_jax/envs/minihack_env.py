@@ -83,6 +83,9 @@ class MiniHackTextEnv(TextEnv):
             by_code = {int(a): a for a in nethack.ACTIONS}
             kwargs["actions"] = tuple(by_code[c] for c in codes)
         self._env = gym.make(env_name, **kwargs)
+        # Stepped directly, past gymnasium's wrappers (time limit, order enforcing, passive checker): our own
+        # truncation (max_turns) always comes first, resets always precede steps, and the per-call wrapper
+        # layers cost more than NetHack's own step.
         self._nle = self._env.unwrapped
         self._success_status = int(self._nle.StepStatus.TASK_SUCCESSFUL)
         code_to_index = {int(a): i for i, a in enumerate(self._nle.actions)}
@@ -113,7 +116,7 @@ class MiniHackTextEnv(TextEnv):
             seed = int(self.np_random.integers(0, 2**31 - 1))
         self.seed_used = int(seed)
         self._nle.seed(self.seed_used, self.seed_used, reseed=False)
-        obs, _ = self._env.reset()
+        obs, _ = self._nle.reset()
         self._bbox = None
         text = self._render(obs)
         info = {
@@ -132,7 +135,7 @@ class MiniHackTextEnv(TextEnv):
             note = "Invalid action" if action is None else f"Invalid action {action!r}"
             text = mt.observation_text(f"{note}; valid actions: {', '.join(self.actions)}.", *self._last_view)
             return text, 0.0, False, {"invalid_action": True, "success": False}
-        obs, _, term, trunc, nle_info = self._env.step(self._index[name])
+        obs, _, term, trunc, nle_info = self._nle.step(self._index[name])
         status = int(nle_info.get("end_status", 0))
         success = status == self._success_status
         text = self._render(obs)

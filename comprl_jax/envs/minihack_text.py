@@ -85,10 +85,12 @@ def update_bbox(
     chars: np.ndarray, bbox: tuple[int, int, int, int] | None
 ) -> tuple[int, int, int, int] | None:
     """Grows ``bbox`` = (row0, row1, col0, col1), inclusive, to cover every non-blank cell of ``chars`` [21, 79]."""
-    rows, cols = np.nonzero(chars != ord(" "))
+    mask = chars != 32  # ord(" ")
+    rows = np.flatnonzero(mask.any(axis=1))
     if rows.size == 0:
         return bbox
-    box = (int(rows.min()), int(rows.max()), int(cols.min()), int(cols.max()))
+    cols = np.flatnonzero(mask.any(axis=0))
+    box = (int(rows[0]), int(rows[-1]), int(cols[0]), int(cols[-1]))
     if bbox is None:
         return box
     return (min(bbox[0], box[0]), max(bbox[1], box[1]), min(bbox[2], box[2]), max(bbox[3], box[3]))
@@ -99,8 +101,9 @@ def render_map(chars: np.ndarray, bbox: tuple[int, int, int, int] | None) -> str
     if bbox is None:
         return ""
     r0, r1, c0, c1 = bbox
-    crop = chars[r0 : r1 + 1, c0 : c1 + 1]
-    return "\n".join(bytes(row.astype(np.uint8)).decode("latin-1") for row in crop)
+    flat = np.asarray(chars[r0 : r1 + 1, c0 : c1 + 1], dtype=np.uint8).tobytes().decode("latin-1")
+    width = c1 - c0 + 1
+    return "\n".join([flat[i : i + width] for i in range(0, len(flat), width)])
 
 
 # Readable names for the commonest NetHack descriptions; everything else is shown as NLE words it.
@@ -137,23 +140,23 @@ def legend(chars: np.ndarray, descriptions: np.ndarray, bbox, hero_rc: tuple[int
         return []
     r0, r1, c0, c1 = bbox
     hero_rc = (int(hero_rc[0]), int(hero_rc[1]))
-    meanings: dict[str, list[str]] = {}
-    crop = chars[r0 : r1 + 1, c0 : c1 + 1]
+    crop = np.asarray(chars[r0 : r1 + 1, c0 : c1 + 1], dtype=np.uint8)
     width, dlen = crop.shape[1], descriptions.shape[-1]
-    # One bytes copy of the cropped descriptions, then per cell a slice + dict lookup: this runs every step
-    # under the GIL, so it is kept free of per-cell numpy calls.
+    hero_i = (hero_rc[0] - r0) * width + (hero_rc[1] - c0)
+    if not (r0 <= hero_rc[0] <= r1 and c0 <= hero_rc[1] <= c1):
+        hero_i = -1
+    # This runs every step under the GIL: one bytes copy of the cropped descriptions, then one pass over the
+    # non-blank cells collecting the distinct (symbol, raw description) pairs in first-seen order; names are
+    # looked up once per pair. Same lines, in the same order, as naming every cell.
     flat_chars = crop.tobytes()
     flat_desc = np.ascontiguousarray(descriptions[r0 : r1 + 1, c0 : c1 + 1]).tobytes()
-    for i, code in enumerate(flat_chars):
-        if code == 32:
-            continue
-        r, c = r0 + i // width, c0 + i % width
-        ch = chr(code)
-        if (r, c) == hero_rc:
-            desc = "you (the player)"
-        else:
-            desc = _describe(flat_desc[i * dlen : (i + 1) * dlen])
-        seen = meanings.setdefault(ch, [])
+    pairs: dict[tuple[int, bytes | None], None] = {}
+    for i in np.flatnonzero(crop.reshape(-1) != 32).tolist():
+        pairs[(flat_chars[i], None if i == hero_i else flat_desc[i * dlen : (i + 1) * dlen])] = None
+    meanings: dict[str, list[str]] = {}
+    for code, raw in pairs:
+        desc = "you (the player)" if raw is None else _describe(raw)
+        seen = meanings.setdefault(chr(code), [])
         if desc not in seen:
             seen.append(desc)
     hero_ch = chr(int(chars[hero_rc[0], hero_rc[1]]))

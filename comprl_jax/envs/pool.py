@@ -43,8 +43,33 @@ def _default(x: Any) -> Any:
     return str(x)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_copy(x: Any) -> Any:
+    """A copy of ``x`` when it is already what a JSON round trip returns (str-keyed dicts, lists, exact str /
+    int / float / bool / None), else raises TypeError. The fast path of ``_jsonable``: infos are small and
+    almost always plain, and this runs once per step."""
+    t = type(x)
+    if t in _SCALARS:
+        return x
+    if t is dict:
+        out = {}
+        for k, v in x.items():
+            if type(k) is not str:
+                raise TypeError
+            out[k] = _plain_copy(v)
+        return out
+    if t is list:
+        return [_plain_copy(v) for v in x]
+    raise TypeError
+
+
 def _jsonable(x: Any) -> Any:
-    return json.loads(json.dumps(x, default=_default))
+    try:
+        return _plain_copy(x)
+    except (TypeError, RecursionError):
+        return json.loads(json.dumps(x, default=_default))
 
 
 def failure(op: str, error: str) -> list:

@@ -1,9 +1,10 @@
 """Env throughput: one env stepped sequentially vs the async EnvPool. One JSON line per config.
 
-COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--only MiniHack]
+COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--repeats 3] [--only MiniHack]
 
-Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "seq_steps_s", "pool_steps_s",
-"ratio"}. Both sides play the same random policy over the env's admissible actions (resets included in the
+Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "repeats", "seq_steps_s",
+"pool_steps_s", "ratio", "ratios"}. Sequential and pool runs alternate ``repeats`` times (the machine's load moves
+both alike) and the figures are medians; ``ratio`` is the median of the per-repeat ratios. Both sides play the same random policy over the env's admissible actions (resets included in the
 time). The pool side keeps every slot busy by submitting a slot's next step from the previous step's
 completion callback, so it measures env throughput, not a driver loop. To add an env (e.g. ALFWorld with the
 process backend), append a ``bench_env(...)`` call to ``CONFIGS`` or call it from your own script.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import threading
 import time
@@ -29,6 +31,7 @@ CONFIGS = [
     ("comprl/MiniHack-Room-Ultimate-5x5-v0", "thread", 2, {}),
     ("comprl/MiniHack-Room-Ultimate-5x5-v0", "process", 2, {}),
     ("comprl/MiniHack-Room-5x5-v0", "thread", 2, {}),
+    ("comprl/MiniHack-Room-5x5-v0", "process", 2, {}),
     ("comprl/Sokoban-6x6-2-v0", "thread", 2, {}),
 ]
 
@@ -109,12 +112,16 @@ def bench_env(
     steps: int,
     slots: int | None = None,
     env_kwargs: dict | None = None,
+    repeats: int = 1,
 ) -> dict:
     """Measures one config and returns its JSON-able record (also what other env owners call)."""
     env_kwargs = env_kwargs or {}
     slots = slots or 4 * workers
-    seq = sequential_steps_per_s(env_id, steps, env_kwargs)
-    par = pool_steps_per_s(env_id, backend, workers, slots, steps, env_kwargs)
+    seqs, pars = [], []
+    for _ in range(max(1, repeats)):  # interleaved, so load changes hit both sides alike
+        seqs.append(sequential_steps_per_s(env_id, steps, env_kwargs))
+        pars.append(pool_steps_per_s(env_id, backend, workers, slots, steps, env_kwargs))
+    ratios = [p / q for p, q in zip(pars, seqs, strict=True)]
     return {
         "bench": "envs",
         "env": env_id,
@@ -122,20 +129,27 @@ def bench_env(
         "workers": workers,
         "slots": slots,
         "steps": steps,
-        "seq_steps_s": round(seq, 1),
-        "pool_steps_s": round(par, 1),
-        "ratio": round(par / seq, 3),
+        "repeats": len(seqs),
+        "seq_steps_s": round(statistics.median(seqs), 1),
+        "pool_steps_s": round(statistics.median(pars), 1),
+        "ratio": round(statistics.median(ratios), 3),
+        "ratios": [round(r, 3) for r in ratios],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved seq / pool runs; medians reported"
+    )
     parser.add_argument("--only", default="", help="substring filter on env ids")
+    parser.add_argument("--backend", default="", help="only this backend (thread / process)")
     args = parser.parse_args()
     for env_id, backend, workers, kwargs in CONFIGS:
-        if args.only in env_id:
-            print(json.dumps(bench_env(env_id, backend, workers, args.steps, env_kwargs=kwargs)), flush=True)
+        if args.only in env_id and args.backend in ("", backend):
+            rec = bench_env(env_id, backend, workers, args.steps, env_kwargs=kwargs, repeats=args.repeats)
+            print(json.dumps(rec), flush=True)
 
 
 if __name__ == "__main__":
