@@ -11,6 +11,11 @@ Step s (sections below follow this order):
   7. log / checkpoint.
 All bank mutations happen at fixed points of the step in a fixed order, so a resumed run is bit-identical.
 
+Devices (``mesh`` config, :mod:`comprl_jax.distributed`): one device -> no mesh; otherwise each role gets a
+``(data, fsdp, tensor)`` mesh, shared (``colocated``) or on disjoint devices (``disjoint``: the extractor's update is
+dispatched at the end of step s and joined after step s+1's rollout, so the two run at the same time; its metrics
+still land in row s). Several processes: replicated host state over SPMD device state (see distributed.py).
+
 Baselines: ``baseline`` (no experience, all K free, no extractor), ``static_online`` (extractor never updated),
 ``exp_only`` (actor frozen), ``offline`` (bank built by the frozen extractor during ``actor.warmup_steps``
 with a frozen actor, then fixed).
