@@ -149,7 +149,7 @@ class _ThreadWorker:
 
     def __init__(self, name: str, entry_point: str, kwargs: dict, stats: _Stats):
         self.name, self.entry_point, self.kwargs, self.stats = name, entry_point, kwargs, stats
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: cheaper per request than Queue
         self.envs: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._gen = 0
@@ -238,7 +238,7 @@ class _ProcessWorker:
     def __init__(self, name, entry_point, kwargs, stats, ctx, startup_timeout_s: float):
         self.name, self.entry_point, self.kwargs, self.stats, self.ctx = name, entry_point, kwargs, stats, ctx
         self.startup_timeout_s = startup_timeout_s
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: cheaper per request than Queue
         self.proc = self.conn = None
         self._ready = False
         self._spawn()
