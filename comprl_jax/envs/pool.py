@@ -21,6 +21,7 @@ on worker ``s % num_workers``, which owns that slot's env instance and runs its 
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures as cf
 import json
 import multiprocessing as mp
@@ -233,7 +234,9 @@ def _child_main(conn, entry_point: str, kwargs_json: str) -> None:
 
 
 class _ProcessWorker:
-    """A dispatcher thread in the parent feeding one child process over a pipe, one request at a time."""
+    """A dispatcher thread in the parent feeding one child process over a pipe (requests pipelined, see _loop)."""
+
+    PIPELINE = 4
 
     def __init__(self, name, entry_point, kwargs, stats, ctx, startup_timeout_s: float):
         self.name, self.entry_point, self.kwargs, self.stats, self.ctx = name, entry_point, kwargs, stats, ctx
@@ -241,6 +244,10 @@ class _ProcessWorker:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: cheaper per request than Queue
         self.proc = self.conn = None
         self._ready = False
+        self._closed = False
+        self._life_lock = (
+            threading.Lock()
+        )  # close() vs a restart in the dispatcher: no child spawned after close
         self._spawn()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -271,49 +278,96 @@ class _ProcessWorker:
             proc.kill()
             proc.join(2.0)
 
-    def _call(self, req: _Request) -> list:
-        if not self._ready:
+    def _send(self, req: _Request) -> None:
+        if not self._ready:  # a (re)started child: wait for its imports, which count against no request
             if not self.conn.poll(self.startup_timeout_s):
                 raise TimeoutError(f"worker process did not start within {self.startup_timeout_s} s")
             self.conn.recv_bytes()
             self._ready = True
-            req.deadline = time.monotonic() + req.timeout  # a (re)started worker's import time does not count
         self.conn.send_bytes(json.dumps({"op": req.op, "slot": req.slot, "arg": req.arg}).encode())
-        if not self.conn.poll(max(0.0, req.deadline - time.monotonic())):
-            raise TimeoutError(f"{req.op} timed out")
-        return json.loads(self.conn.recv_bytes())
 
     def _loop(self) -> None:
+        # Up to PIPELINE requests are in flight to the child, which answers them in order: the child starts its
+        # next request while the parent is still handling the previous result, so it does not sit idle for a
+        # round trip per step. The oldest in-flight request (the head) is the one the child is running; its
+        # deadline starts when it becomes the head.
+        inflight: collections.deque[_Request] = collections.deque()
+        backlog: collections.deque[_Request] = collections.deque()  # to (re)send after a restart, in order
+        closing = False
         while True:
-            req = self.queue.get()
-            if req is _SENTINEL:
-                break
-            if req.future.cancelled():
+            while len(inflight) < self.PIPELINE:
+                if backlog:
+                    req = backlog.popleft()
+                elif closing:
+                    break
+                else:
+                    try:
+                        req = self.queue.get(block=not inflight)
+                    except queue.Empty:
+                        break
+                    if req is _SENTINEL:
+                        closing = True
+                        continue
+                if req.future.cancelled():
+                    continue
+                try:
+                    self._send(req)
+                except (TimeoutError, EOFError, OSError, ValueError) as e:
+                    if (
+                        inflight
+                    ):  # the child died on an earlier request: the read below finds out and restarts
+                        backlog.appendleft(req)
+                        break
+                    self._restart(req, e)
+                    continue
+                if not inflight:
+                    req.deadline = time.monotonic() + req.timeout
+                inflight.append(req)
+            if not inflight:
+                if closing and not backlog:
+                    break
                 continue
-            req.deadline = time.monotonic() + req.timeout
+            head = inflight[0]
             try:
-                result = self._call(req)
+                if not self.conn.poll(max(0.0, head.deadline - time.monotonic())):
+                    raise TimeoutError(f"{head.op} timed out")
+                result = json.loads(self.conn.recv_bytes())
             except (TimeoutError, EOFError, OSError, ValueError) as e:
-                kind = "timeouts" if isinstance(e, TimeoutError) else "errors"
-                self.stats.add(kind, "restarts")
-                self._kill()
-                self._spawn()
-                result = failure(
-                    req.op, f"{type(e).__name__}: {e}; worker process restarted (slot {req.slot})"
-                )
-            else:
-                if result[-1].get("failed"):
-                    self.stats.add("errors")
-            _resolve(req, result)
+                inflight.popleft()
+                backlog.extendleft(reversed(inflight))  # the rest go to the fresh child, in their order
+                inflight.clear()
+                self._restart(head, e)
+                continue
+            inflight.popleft()
+            if inflight:
+                inflight[0].deadline = time.monotonic() + inflight[0].timeout
+            if result[-1].get("failed"):
+                self.stats.add("errors")
+            _resolve(head, result)
         try:
             self.conn.send_bytes(b'{"op": "close"}')
         except (OSError, ValueError):
             pass
 
+    def _restart(self, req: _Request, error: Exception) -> None:
+        """Fails ``req`` (the call that hung or broke the child) and replaces the child process."""
+        kind = "timeouts" if isinstance(error, TimeoutError) else "errors"
+        self.stats.add(kind, "restarts")
+        with self._life_lock:
+            self._kill()
+            if not self._closed:
+                self._spawn()
+        _resolve(
+            req,
+            failure(req.op, f"{type(error).__name__}: {error}; worker process restarted (slot {req.slot})"),
+        )
+
     def close(self, wait_s: float) -> None:
         self.queue.put(_SENTINEL)
         self._thread.join(wait_s)
-        self._kill()
+        with self._life_lock:
+            self._closed = True
+            self._kill()
 
 
 class _Stats:
