@@ -164,14 +164,14 @@ def config_from_gguf(meta: dict, tensor_names: set[str], path: str = "", **overr
         scaling = tuple(sorted(items.items()))
     if "token_embd.weight" not in tensor_names:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
-    vocab = meta.get(a + "vocab_size")
-    if vocab is None:
-        vocab = len(meta["tokenizer.ggml.tokens"]) if "tokenizer.ggml.tokens" in meta else None
+    vocab = need(
+        a + "vocab_size"
+    )  # read_gguf_config / load_gguf fill it from token_embd when a file lacks it
     if arch == "qwen2" and "blk.0.attn_q.bias" not in tensor_names:
         raise ValueError(f"{path}: qwen2 file without 'blk.0.attn_q.bias' (qwen2 has q/k/v biases)")
     fields = dict(
         arch=arch,
-        vocab_size=int(vocab) if vocab is not None else -1,
+        vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(need(a + "feed_forward_length")),
         num_layers=int(need(a + "block_count")),
