@@ -6,8 +6,12 @@ on worker ``s % num_workers``, which owns that slot's env instance and runs its 
 * ``submit_reset(slot, seed)`` -> Future of ``(obs, info)``; ``submit_step(slot, reply)`` -> Future of
   ``(obs, reward, terminated, truncated, info)``. ``reset_group(slots, seed)`` resets the K slots of a group with
   one seed, so they start from the identical initial state.
-* Backends: ``"thread"`` (NLE releases the GIL inside NetHack) and ``"process"`` (for GIL-bound TextWorld; spawn
-  start method, pipes carry JSON text only, never pickled objects). Results are JSON round-tripped in both, so
+* Backends: ``"thread"`` and ``"process"`` (spawn start method, pipes carry JSON text only, never pickled objects;
+  each child gets up to ``_ProcessWorker.PIPELINE`` requests ahead). Threads only overlap what releases the GIL:
+  NLE's ``step`` does not (``launch/bench/envs.py --gil``: beside a spinning thread it keeps ~0.5 of its rate, like
+  pure Python), its ``reset`` does in part, and our text rendering is Python, so for MiniHack the thread backend
+  is about concurrency and fault isolation, not speed (~0.7x one env in a loop on 2 cores); use ``"process"``
+  for parallel speed-up there and for GIL-bound TextWorld / ALFWorld. Results are JSON round-tripped in both, so
   infos hold plain str / int / float / bool / list / dict whatever the backend.
 * Faults: an env that raises ends its episode as a failure (``terminated=True``, ``info["error"]`` and
   ``info["failed"]`` set) and is rebuilt on the next reset; a call that runs past ``timeout_s`` ends the same

@@ -1,6 +1,7 @@
 """Env throughput: one env stepped sequentially vs the async EnvPool. One JSON line per config.
 
-COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--repeats 3] [--only MiniHack]
+COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--repeats 3] [--only MiniHack] [--backend thread]
+         .venv/bin/python launch/bench/envs.py --gil   (does NLE's step release the GIL? see ``gil_probe``)
 
 Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "repeats", "seq_steps_s",
 "pool_steps_s", "ratio", "ratios"}. Sequential and pool runs alternate ``repeats`` times (the machine's load moves
@@ -137,6 +138,68 @@ def bench_env(
     }
 
 
+def gil_probe(env_id: str = "comprl/MiniHack-Room-5x5-v0", seconds: float = 1.0) -> list[dict]:
+    """Does a call release the GIL? Its rate alone vs beside a pure-Python spinning thread, one record per call.
+
+    A call that holds the GIL throughout shares it with the spinner: ``ratio`` ~0.5 (as pure Python does). A call
+    that releases it while it works has to win the GIL back from the spinner after each release, waiting out
+    the switch interval: ``ratio`` << 0.5 (``time.sleep(0)`` shows it). NLE's ``step`` lands at ~0.5, i.e. it
+    runs under the GIL, so threads cannot run two NetHack steps at once.
+    """
+    env = make(env_id)
+    env.reset(seed=0)
+    nethack = env._nle.nethack._pynethack  # the C extension object itself, below every Python layer
+    moves = [ord(c) for c in "hjkl"]
+
+    def nle_step() -> None:
+        if nethack.done():
+            nethack.reset()
+        nethack.step(moves[time.perf_counter_ns() % 4])
+
+    def rate(fn, with_spinner: bool) -> float:
+        stop = threading.Event()
+
+        def spin() -> None:
+            x = 0
+            while not stop.is_set():
+                x += 1
+
+        spinner = threading.Thread(target=spin, daemon=True)
+        if with_spinner:
+            spinner.start()
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            fn()
+            n += 1
+        out = n / (time.perf_counter() - start)
+        stop.set()
+        if with_spinner:
+            spinner.join()
+        return out
+
+    calls = [
+        ("python (sum of a tuple)", lambda: sum((1, 2))),
+        ("nle step (C)", nle_step),
+        ("nle reset (C)", nethack.reset),
+        ("time.sleep(0) (releases the GIL)", lambda: time.sleep(0)),
+    ]
+    records = []
+    for name, fn in calls:
+        alone, beside = rate(fn, False), rate(fn, True)
+        records.append(
+            {
+                "bench": "envs_gil",
+                "env": env_id,
+                "call": name,
+                "alone_per_s": round(alone, 1),
+                "beside_spinner_per_s": round(beside, 1),
+                "ratio": round(beside / alone, 3),
+            }
+        )
+    env.close()
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -145,7 +208,12 @@ def main() -> None:
     )
     parser.add_argument("--only", default="", help="substring filter on env ids")
     parser.add_argument("--backend", default="", help="only this backend (thread / process)")
+    parser.add_argument("--gil", action="store_true", help="only the GIL probe of NLE's step / reset")
     args = parser.parse_args()
+    if args.gil:
+        for rec in gil_probe():
+            print(json.dumps(rec), flush=True)
+        return
     for env_id, backend, workers, kwargs in CONFIGS:
         if args.only in env_id and args.backend in ("", backend):
             rec = bench_env(env_id, backend, workers, args.steps, env_kwargs=kwargs, repeats=args.repeats)
