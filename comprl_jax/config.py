@@ -64,6 +64,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.actor_critic = False  # SPEC §7, off
     c.actor.sampling = _sampling(0.99, 0.99, 100, 4096)
     c.actor.constrained = False  # device-side action automaton (tiny models)
+    # Update memory (launch/plan_memory.py --paper): per-layer remat, and the output head scored logits_chunk
+    # positions at a time (0 = full [B, T, V] logits). Same values either way; tiny models turn both off.
+    c.actor.remat = True
+    c.actor.logits_chunk = 2048
 
     c.extractor = ml_collections.ConfigDict()
     c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
@@ -82,6 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.transcript_chars = 60000  # trajectory text shown to the extractor (the end is kept)
     c.extractor.sampling = _sampling(1.0, 0.99, 0, 8192)
     c.extractor.constrained = False
+    c.extractor.remat = True
+    c.extractor.logits_chunk = 2048
     c.extractor.update = True  # False: Static Online Exp.
 
     c.bank = ml_collections.ConfigDict()
@@ -129,6 +135,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    c.mesh.extractor_tensor = (
+        0  # the extractor's tensor axis when it differs (0 = mesh.tensor): its 64k-token
+    )
+    # update needs tensor=2 on 80 GB GPUs while the actor runs plain FSDP (WORKSPACE "Memory plans")
     c.mesh.placement = "colocated"
     c.mesh.actor_fraction = 0.5  # disjoint placement: share of each process's devices for the actor
     c.mesh.num_devices = 0  # devices used (0 = all; else the same number from every process)
@@ -182,6 +192,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(0 < c.extractor.cispo_eps < 1, "extractor.cispo_eps", "must be in (0, 1)")
     _check(c.actor.lr > 0 and c.extractor.lr > 0, "actor.lr / extractor.lr", "must be positive")
     _check(c.extractor.buffer_size >= 1, "extractor.buffer_size", "must be >= 1")
+    for role in ("actor", "extractor"):
+        _check(c[role].logits_chunk >= 0, f"{role}.logits_chunk", "must be >= 0 (0 = full logits)")
+    _check(c.mesh.extractor_tensor >= 0, "mesh.extractor_tensor", "must be >= 0 (0 = mesh.tensor)")
     _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
     _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
     _check(c.bank.capacity >= 1, "bank.capacity", "must be >= 1")
@@ -268,6 +281,12 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.extractor.sampling = _sampling(1.0, 1.0, 0, 192)
         c.actor.micro_batch = 4
         c.extractor.micro_batch = 4
+        for role in (
+            c.actor,
+            c.extractor,
+        ):  # short sequences: the plain path is faster and memory is no issue
+            role.remat = False
+            role.logits_chunk = 0
         c.extractor.buffer_size = 8
         c.rollout.tasks_per_step = 4
         c.rollout.group_size = 4

@@ -125,16 +125,17 @@ def build_meshes(mesh_cfg: Any):
     if devs is None:
         return None, None
     axes = {"data": mesh_cfg.data, "fsdp": mesh_cfg.fsdp, "tensor": mesh_cfg.tensor}
+    ext_axes = {**axes, "tensor": mesh_cfg.extractor_tensor or mesh_cfg.tensor}
     out = []
-    for role, d in zip(("actor", "extractor"), devs, strict=True):
+    for role, d, ax in zip(("actor", "extractor"), devs, (axes, ext_axes), strict=True):
         try:
-            out.append(shd.make_mesh(axes, d))
+            out.append(shd.make_mesh(ax, d))
         except ValueError as e:
             raise ValueError(
-                f"config keys mesh.data/fsdp/tensor={axes} do not fit the {role}'s {len(d)} devices "
-                f"(placement {mesh_cfg.placement!r}): {e}"
+                f"config keys mesh.data/fsdp/tensor{'/extractor_tensor' * (role == 'extractor')}={ax} do not fit "
+                f"the {role}'s {len(d)} devices (placement {mesh_cfg.placement!r}): {e}"
             ) from None
-    if devs[0] is devs[1]:
+    if devs[0] is devs[1] and ext_axes == axes:
         return out[0], out[0]
     return out[0], out[1]
 

@@ -56,6 +56,7 @@ from comprl_jax.rl import (
     subgroup_advantages,
     train_state_shardings,
 )
+from comprl_jax.rl.update import ChunkedHead
 from comprl_jax.rollout import EpisodeSpec, Pools, outcome, reset_all, run_episodes
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
 from comprl_jax.tasks import TaskSampler
@@ -85,6 +86,18 @@ class Role:
     mesh: Any = None  # the role's device mesh (None: one device, unsharded)
 
 
+def _scorer(graphdef, remat: bool, logits_chunk: int):
+    """The model as the updates see it: plain logits, or trunk + output head scored ``logits_chunk`` positions
+    at a time (:class:`~comprl_jax.rl.update.ChunkedHead`); ``remat`` recomputes each layer in the backward."""
+    if not logits_chunk:
+        return functools.partial(decoder.forward, graphdef, remat=remat)
+    return ChunkedHead(
+        functools.partial(decoder.forward, graphdef, return_hidden=True, remat=remat),
+        functools.partial(decoder.logits_from_hidden, graphdef),
+        logits_chunk,
+    )
+
+
 def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int, mesh=None) -> Role:
     """``batch_rows``: rows of every update batch of this role (fixed: one rollout batch / one buffer pop)."""
     if batch_rows % c.micro_batch:
@@ -101,7 +114,7 @@ def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int, mesh=None
     m = batch_rows // c.micro_batch
     tx = make_optimizer(OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip))
     state = create_train_state(model.params, tx, mesh)
-    logits_fn = functools.partial(decoder.forward, model.graphdef)
+    logits_fn = _scorer(model.graphdef, c.remat, c.logits_chunk)
     shardings = None if mesh is None else train_state_shardings(state, mesh)
     update = make_update_fn(
         logits_fn, kind, loss_cfg, tx, num_micro_batches=m, mesh=mesh, state_shardings=shardings

@@ -86,7 +86,15 @@ def test_role_devices_split_and_errors():
     from comprl_jax import distributed as dist
 
     def cfg(**kw):
-        base = dict(data=-1, fsdp=1, tensor=1, placement="colocated", actor_fraction=0.5, num_devices=0)
+        base = dict(
+            data=-1,
+            fsdp=1,
+            tensor=1,
+            extractor_tensor=0,
+            placement="colocated",
+            actor_fraction=0.5,
+            num_devices=0,
+        )
         return ml_collections.ConfigDict({**base, **kw})
 
     devs = jax.devices()
@@ -106,6 +114,15 @@ def test_role_devices_split_and_errors():
         dist.role_devices(cfg(num_devices=16))
     with pytest.raises(ValueError, match="mesh.data/fsdp/tensor"):
         dist.build_meshes(cfg(placement="disjoint", fsdp=3))
+    # the extractor's own tensor split (80 GB GPUs, WORKSPACE "Memory plans"): same devices, another mesh
+    am, xm = dist.build_meshes(cfg(data=1, fsdp=-1, extractor_tensor=2))
+    assert dict(am.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert dict(xm.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert set(am.devices.flat) == set(xm.devices.flat) == set(devs)
+    am, xm = dist.build_meshes(cfg(extractor_tensor=1))
+    assert am is xm  # nothing differs: one mesh
+    with pytest.raises(ValueError, match="mesh.data/fsdp/tensor/extractor_tensor"):
+        dist.build_meshes(cfg(placement="disjoint", extractor_tensor=3))
 
 
 @pytest.mark.slow

@@ -86,12 +86,12 @@ def test_logprobs_micro_batched_equal_full():
 
 
 def chunked(chunk):
-    graphdef = model()[0].args[0]
-    return ChunkedHead(
-        functools.partial(forward, graphdef, return_hidden=True),
-        functools.partial(logits_from_hidden, graphdef),
-        chunk,
-    )
+    """The trainer's scorer for a role with ``logits_chunk=chunk`` and remat on."""
+    from comprl_jax.trainer import _scorer
+
+    scorer = _scorer(model()[0].args[0], True, chunk)
+    assert isinstance(scorer, ChunkedHead) and scorer.chunk == chunk
+    return scorer
 
 
 @pytest.mark.parametrize("chunk", [4, 5, 64])  # divides T=12, pads T to 15, one chunk longer than T
