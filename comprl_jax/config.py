@@ -46,6 +46,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.tasks_per_step = 16  # x group_size = rollout batch 128
     c.rollout.group_size = 8  # K: K/2 guided + K/2 free
     c.rollout.max_context = 32768  # actor max sequence length
+    c.rollout.rows_per_wave = (
+        0  # episodes played at once (0 = the whole step); must divide the step's episodes
+    )
 
     c.actor = ml_collections.ConfigDict()
     c.actor.model = "Qwen/Qwen2.5-7B-Instruct"  # HF folder path, preset name, or "tiny"
@@ -184,6 +187,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"must be even and >= 2 (half guided, half free), got {c.rollout.group_size}",
     )
     _check(c.rollout.tasks_per_step >= 1, "rollout.tasks_per_step", "must be >= 1")
+    _check(c.rollout.rows_per_wave >= 0, "rollout.rows_per_wave", "must be >= 0 (0 = all episodes at once)")
     _check(c.actor.adv_norm in ADV_NORMS, "actor.adv_norm", f"{c.actor.adv_norm!r} not in {ADV_NORMS}")
     _check(c.actor.ratio in RATIOS, "actor.ratio", f"{c.actor.ratio!r} not in {RATIOS}")
     _check(c.actor.loss_agg in LOSS_AGGS, "actor.loss_agg", f"{c.actor.loss_agg!r} not in {LOSS_AGGS}")

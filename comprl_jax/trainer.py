@@ -376,7 +376,28 @@ class Trainer:
         return [EpisodeSpec(t, k, guided_ok and k < K // 2) for t in tasks for k in range(K)]
 
     def rollout(self, tasks, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
+        """All episodes of ``tasks``, ``rollout.rows_per_wave`` rows at a time (0 = all in one wave): a wave's
+        KV cache is ``rows x max_context``, so waves bound rollout memory (launch/plan_memory.py --paper)."""
         specs = self._specs(tasks, guided_ok)
+        w = self.c.rollout.rows_per_wave or len(specs)
+        if len(specs) % w:
+            raise ValueError(
+                f"config key rollout.rows_per_wave={w} must divide the {len(specs)} episodes of a step "
+                "(tasks x rollout.group_size)"
+            )
+        if w == len(specs):
+            return self._rollout_wave(specs, guided_ok=guided_ok, step=step, key=key)
+        trajs, timing = [], {}
+        for i in range(0, len(specs), w):
+            got, t = self._rollout_wave(
+                specs[i : i + w], guided_ok=guided_ok, step=step, key=jax.random.fold_in(key, i // w)
+            )
+            trajs += got
+            for k, v in t.items():
+                timing[k] = timing.get(k, 0.0) + v
+        return trajs, timing
+
+    def _rollout_wave(self, specs, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
         t0 = time.perf_counter()
         w0 = time.time()
         gather = self._gather if self.multi else None

@@ -89,6 +89,28 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
         assert not any(k.startswith("extractor/") for k in rows[-1])
 
 
+def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
+    """The paper-scale update and rollout paths on tiny models: episodes in waves of one row, per-layer remat
+    and the chunked output head for both roles."""
+    from comprl_jax import trainer
+
+    over = {"rollout.rows_per_wave": 1, "actor.remat": True, "extractor.remat": True}
+    c = load_config(
+        "minihack_room", "tiny", **over, **{"actor.logits_chunk": 16, "extractor.logits_chunk": 16}
+    )
+    out = trainer.run(c, str(tmp_path), progress=False)
+    assert out["step"] == 2
+    rows = _read(tmp_path / "metrics.jsonl")
+    assert all(np.isfinite(r["actor/grad_norm"]) for r in rows)  # (zero when both rows score alike)
+    waves = [
+        e for e in _read(tmp_path / "timeline.jsonl") if e["event"] == "actor_rollout" and e["step"] == 0
+    ]
+    assert len(waves) == 2  # group_size 2, one row per wave
+    bad = load_config("minihack_room", "tiny", **{"rollout.rows_per_wave": 3})
+    with pytest.raises(ValueError, match="rollout.rows_per_wave"):
+        trainer.run(bad, str(tmp_path / "bad"), progress=False)
+
+
 def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
     from comprl_jax import trainer
 
