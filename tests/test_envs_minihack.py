@@ -136,6 +136,54 @@ def make_first(env, seed):
     return env.reset(seed=seed)[0]
 
 
+# sha256 of the observation texts (NUL-joined) for a fixed seed and action list, taken before the renderer was
+# vectorised. The text is part of the interface: tiny models' tokenizers are trained on it. A change here means
+# the rendering changed (or nle's version did, which can move levels): update only on purpose.
+GOLDEN_TEXT = {
+    (
+        "comprl/MiniHack-Room-Ultimate-5x5-v0",
+        3,
+    ): "da5dc1ad69a44a0be2b5d3c599bfb4f9ce1143ace1cb0811e73ffec25f9f1fec",
+    (
+        "comprl/MiniHack-KeyRoom-Dark-S5-v0",
+        1,
+    ): "933e53b1bd21ebdac1cf2520a32e8635e3aba8c93b07f230d45d2e0dc6e0ff64",
+    (
+        "comprl/MiniHack-River-Narrow-v0",
+        2,
+    ): "bb5d9fa968e50bc6dc3d6fbdcf9457ed66b168750a6086082eef044e59507aa1",
+}
+GOLDEN_ACTIONS = [
+    "east",
+    "south",
+    "east",
+    "pick up",
+    "north",
+    "apply",
+    "southeast",
+    "west",
+    "south",
+    "east",
+    "east",
+]
+
+
+@pytest.mark.parametrize("env_id,seed", sorted(GOLDEN_TEXT))
+def test_observation_text_is_unchanged(env_id, seed):
+    import hashlib
+
+    env = make(env_id)
+    obs, _ = env.reset(seed=seed)
+    texts = [obs]
+    for act in [*GOLDEN_ACTIONS, "south"]:
+        obs, _, term, trunc, _ = env.step(f"<answer>{act}</answer>")
+        texts.append(obs)
+        if term or trunc:
+            break
+    digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
+    assert digest == GOLDEN_TEXT[(env_id, seed)], "\n\n".join(texts)
+
+
 def test_extra_actions_extend_the_level_action_set():
     env = make(ROOM, extra_actions=("wait", "search"))
     assert env.actions == (*DIRECTIONS, "wait", "search")
