@@ -72,15 +72,31 @@ def _launch(workdir, steps, **over):
                 pytest.fail(f"process {pid} exited {code}:\n{f.read()[-4000:]}")
 
 
-@pytest.mark.parametrize("placement,steps", [("colocated", 2), ("disjoint", 1)])
-def test_two_processes_identical_replicas(tmp_path, placement, steps):
-    """Disjoint: each process gives 2 of its 4 devices to the actor (data 4 across processes) and 2 to the
-    extractor; the micro-batches of 8 rows split 2 per actor device. (One step there: ~2 min budget.)"""
-    work = tmp_path / "run"
-    _launch(work, steps=steps, **{"mesh.placement": placement})
+def _digests(work):
     d0 = json.loads((work / "digest_p0.json").read_text())
     d1 = json.loads((work / "digest_p1.json").read_text())
     assert d0.pop("process") == 0 and d1.pop("process") == 1
+    return d0, d1
+
+
+@pytest.fixture(scope="module")
+def colocated_two_steps(tmp_path_factory):
+    """One uninterrupted 2-step co-located run, shared by the replica and the resume tests."""
+    work = tmp_path_factory.mktemp("colocated") / "run"
+    _launch(work, steps=2, **{"mesh.placement": "colocated"})
+    return work
+
+
+@pytest.mark.parametrize("placement,steps", [("colocated", 2), ("disjoint", 1)])
+def test_two_processes_identical_replicas(tmp_path, placement, steps, request):
+    """Disjoint: each process gives 2 of its 4 devices to the actor (data 4 across processes) and 2 to the
+    extractor; the micro-batches of 8 rows split 2 per actor device. (One step there: ~2 min budget.)"""
+    if placement == "colocated":
+        work = request.getfixturevalue("colocated_two_steps")
+    else:
+        work = tmp_path / "run"
+        _launch(work, steps=steps, **{"mesh.placement": placement})
+    d0, d1 = _digests(work)
     assert d0 == d1 and d0["step"] == steps
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(steps))  # process 0 writes the metrics
@@ -89,3 +105,15 @@ def test_two_processes_identical_replicas(tmp_path, placement, steps):
     # One Orbax checkpoint per step (every process took part) and one experience store (process 0 wrote it).
     assert sorted(os.listdir(work / "checkpoints")) == [str(s) for s in range(1, steps + 1)]
     assert (work / "experience" / str(steps) / "entries.json").exists()
+
+
+def test_two_processes_resume_exactly(tmp_path, colocated_two_steps):
+    """Both processes stopped after step 1 and relaunched (Orbax restore on every process, the experience store
+    read back by each) end where the uninterrupted 2-step run ends: same parameters and host state."""
+    work = tmp_path / "run"
+    _launch(work, steps=1, **{"mesh.placement": "colocated"})
+    assert _digests(work)[0]["step"] == 1
+    _launch(work, steps=1, **{"mesh.placement": "colocated"})  # resumes from checkpoint 1
+    d0, d1 = _digests(work)
+    want, _ = _digests(colocated_two_steps)
+    assert d0 == d1 == want and d0["step"] == 2
