@@ -113,25 +113,32 @@ def token_logprobs(logits, tokens, compute_entropy: bool = False):
     Returns:
       ``(logprobs [B, T], entropy [B, T] or None)``, aligned to the token (column 0 = 0).
     """
-    logits = logits.astype(jnp.float32)
+    lp, ent = _next_token_terms(logits, _next_tokens(tokens), compute_entropy)
+    return _shift(lp), (None if ent is None else _shift(ent))
+
+
+def _next_tokens(tokens):
+    """``[B, T]`` -> the token each position predicts (last column: a dummy target, dropped by :func:`_shift`)."""
     tokens = tokens.astype(jnp.int32)
-    nxt = jnp.concatenate(
-        [tokens[:, 1:], tokens[:, :1]], axis=1
-    )  # last column: a dummy target, dropped below
+    return jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)
+
+
+def _shift(x):
+    """Value at t predicts t + 1 -> align it to the predicted token (column 0 = 0)."""
+    return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+
+
+def _next_token_terms(logits, nxt, compute_entropy: bool):
+    """``(log p(nxt) [..], entropy [..] or None)`` per position of ``logits [.., V]``, in float32."""
+    logits = logits.astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
     vocab_ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
     target = jnp.sum(jnp.where(vocab_ids == nxt[..., None], logits, 0.0), axis=-1)
-
-    def shift(x):  # value at t predicts t + 1 -> align to the predicted token
-        return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
-
-    logp = shift(target - lse)
     if not compute_entropy:
-        return logp, None
+        return target - lse, None
     # H = lse - Σ p·logits; a metric only, so no gradient flows through it.
     lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
-    ent = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
-    return logp, shift(ent)
+    return target - lse, lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
 
 
 def chunked_token_logprobs(head_fn, hidden, tokens, chunk: int, compute_entropy: bool = False):
@@ -153,33 +160,23 @@ def chunked_token_logprobs(head_fn, hidden, tokens, chunk: int, compute_entropy:
     if chunk < 1:
         raise ValueError(f"logits chunk must be >= 1, got {chunk}")
     b, t = tokens.shape
-    tokens = tokens.astype(jnp.int32)
-    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)  # last column: dummy target, dropped
     n = -(-t // chunk)
     pad = n * chunk - t
     h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    nx = jnp.pad(nxt, ((0, 0), (0, pad)))
+    nx = jnp.pad(_next_tokens(tokens), ((0, 0), (0, pad)))
     h = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)  # [n, B, C, D]
     nx = nx.reshape(b, n, chunk).swapaxes(0, 1)
 
     @jax.checkpoint
     def one(args):
         hc, tc = args
-        logits = head_fn(hc).astype(jnp.float32)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        vocab_ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
-        target = jnp.sum(jnp.where(vocab_ids == tc[..., None], logits, 0.0), axis=-1)
-        if not compute_entropy:
-            return target - lse, jnp.zeros_like(lse)
-        lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
-        ent = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
-        return target - lse, ent
+        lp, ent = _next_token_terms(head_fn(hc), tc, compute_entropy)
+        return lp, (jnp.zeros_like(lp) if ent is None else ent)
 
     lp, ent = jax.lax.map(one, (h, nx))
 
-    def unchunk_shift(x):  # [n, B, C] -> [B, T], then align to the predicted token (column 0 = 0)
-        x = x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-        return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+    def unchunk_shift(x):  # [n, B, C] -> [B, T], aligned to the predicted token
+        return _shift(x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t])
 
     return unchunk_shift(lp), (unchunk_shift(ent) if compute_entropy else None)
 

@@ -83,8 +83,25 @@ def _time(fn, repeats: int) -> float:
 
 def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
     cfg, graphdef, params, batch, prompt, new = _model(name, vocab)
+    row, prompts, ours, t_ours = _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low=2)
+    if not hf:
+        return row
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as d:
+        save_hf(d, cfg, params)
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    row.update(_vs_hf(model, prompts, ours.tokens, new))
+    row["ratio"] = round(row["hf_s"] / t_ours, 2)
+    return row
+
+
+def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
+    """Our sampler, greedy, on random prompts (token ids from ``low``): ``(row, prompts, result, seconds)``."""
     svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
-    prompts = np.random.default_rng(0).integers(2, cfg.vocab_size, size=(batch, prompt))
+    prompts = np.random.default_rng(0).integers(low, cfg.vocab_size, size=(batch, prompt))
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
     ours = svc.generate(prompts.tolist(), key, sp)  # compile
@@ -102,18 +119,7 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
         "ours_tok_s": round(batch * new / t_ours, 1),
         "backend": jax.default_backend(),
     }
-    if not hf:
-        return row
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as d:
-        save_hf(d, cfg, params)
-        model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    row.update(_vs_hf(model, prompts, ours.tokens, new))
-    row["ratio"] = round(row["hf_s"] / t_ours, 2)
-    return row
+    return row, prompts, ours, t_ours
 
 
 def _vs_hf(model, prompts: np.ndarray, ours_tokens: np.ndarray, new: int) -> dict:
@@ -161,25 +167,9 @@ def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, ne
     from comprl_jax import model_zoo
 
     m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
-    svc = SamplerService(m.graphdef, m.params, m.cfg, stop_token_ids=(), pad_id=0)
-    prompts = np.random.default_rng(0).integers(3, m.cfg.vocab_size, size=(batch, prompt))
-    sp = SamplingParams(max_new_tokens=new, greedy=True)
-    key = jax.random.key(0)
-    ours = svc.generate(prompts.tolist(), key, sp)  # compile
-    t_ours = _time(lambda: svc.generate(prompts.tolist(), key, sp), repeats)
-    row = {
-        "bench": "sampling",
-        "config": "smollm2_135m",
-        "batch": batch,
-        "prompt": prompt,
-        "new": new,
-        "vocab": m.cfg.vocab_size,
-        "layers": m.cfg.num_layers,
-        "d_model": m.cfg.hidden_size,
-        "ours_s": round(t_ours, 3),
-        "ours_tok_s": round(batch * new / t_ours, 1),
-        "backend": jax.default_backend(),
-    }
+    row, prompts, ours, t_ours = _bench_ours(
+        "smollm2_135m", m.cfg, m.graphdef, m.params, batch, prompt, new, repeats, low=3
+    )
     if not hf:
         return row
     import torch
