@@ -616,18 +616,28 @@ def _rollout_metrics(trajs, rewards, env_ids) -> dict[str, float]:
     return m
 
 
-def run(config, workdir: str, *, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+def run(
+    config,
+    workdir: str,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+    row_extra: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Trains ``config`` in ``workdir`` (auto-resume), evaluates at the end, writes metrics, plot and eval.json.
 
     Args:
       stop_after: stop (with a checkpoint) after this many steps of *this* invocation (tests, preemption drills).
+      row_extra: scalars merged into the first metrics row this invocation writes (e.g. ``config_changed``).
     Returns:
       ``{"step", "last_metrics", "eval"}``.
     """
     os.makedirs(workdir, exist_ok=True)
-    if dist.is_leader():
-        with open(os.path.join(workdir, "config.json"), "w") as f:
+    if dist.is_leader():  # atomic: a crash never leaves a torn config.json
+        tmp = os.path.join(workdir, "config.json.tmp")
+        with open(tmp, "w") as f:
             f.write(config.to_json_best_effort(indent=2))
+        os.replace(tmp, os.path.join(workdir, "config.json"))
     tr = Trainer(config, workdir)
     try:
         resumed = tr.restore()
@@ -656,6 +666,8 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
             if stopping or tr.save_due():
                 tr.join_extractor()
             for s, r in rows[: len(rows) - tr.extractor_pending]:
+                if row_extra:
+                    r, row_extra = {**r, **row_extra}, None
                 last = writer.write(s, r)
                 if bar is not None:
                     bar.update(1)
@@ -666,13 +678,20 @@ def run(config, workdir: str, *, progress: bool = True, stop_after: int | None =
                 break
         tr.save(force=True)
         writer.flush()
+        if not last and tr.leader and os.path.exists(writer.path):  # nothing ran here: the run's last row
+            recorded = mlib.read_jsonl(writer.path)
+            last = recorded[-1] if recorded else {}
         result: dict[str, Any] = {"step": tr.step, "last_metrics": last}
-        if tr.step >= config.train.steps:
+        eval_path = os.path.join(workdir, "eval.json")
+        if tr.step >= config.train.steps and done_here == 0 and os.path.exists(eval_path):
+            with open(eval_path) as f:  # a finished run: its evaluation is already on disk
+                result["eval"] = json.load(f)
+        elif tr.step >= config.train.steps:
             ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
             if tr.track is not None:
                 ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
             if tr.leader:
-                with open(os.path.join(workdir, "eval.json"), "w") as f:
+                with open(eval_path, "w") as f:
                     json.dump(ev, f, indent=2)
             result["eval"] = ev
             if tr.leader:
