@@ -8,7 +8,11 @@ An environment is a ``gymnasium.Env`` whose observations and actions are text (`
 * ``step(reply_text) -> (obs_text, reward, terminated, truncated, info)``; ``reply_text`` is the actor's whole
   reply: the env parses the action out of it (``<answer>…</answer>``). ``info`` holds ``success`` (bool),
   ``invalid_action`` (bool, this step), ``num_invalid`` (int, this episode), ``turn`` (int) and ``action``
-  (the parsed action or None). An unparsable / invalid action never raises.
+  (the parsed action or None). An unparsable / invalid action never raises, and neither does a reply that is not
+  a ``str`` (``bytes``, ``int``, ``None``...): it is an invalid action. Messages that quote an invalid action cut it
+  to ``ECHO_CHARS`` characters (:func:`echo`), so a 10,000-character reply does not flood the next observation.
+* ``step`` before the first ``reset`` or after the episode ended raises ``RuntimeError`` ("call reset() first"):
+  that is a bug in the caller, not an action of the agent.
 * ``system_prompt() -> str``: states the task, the action format and the action set.
 * Truncation after ``max_turns`` steps (config).
 
@@ -25,6 +29,7 @@ from gymnasium import spaces
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 MAX_TEXT = 1 << 16
+ECHO_CHARS = 40  # an invalid action is quoted back to the agent cut to this many characters
 
 # A printable-ish charset for spaces.Text; observations are free text, so the space is only descriptive.
 _CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n\t"
@@ -46,6 +51,15 @@ def parse_answer(reply: str) -> str | None:
     return action or None
 
 
+def echo(action: str | None, limit: int = ECHO_CHARS) -> str:
+    """``action`` quoted for an invalid-action message (``" 'go nrth'"``), cut to ``limit`` characters; ``""`` for
+    None. ``repr`` keeps newlines and quotes of untrusted text on one visible line."""
+    if action is None:
+        return ""
+    cut = action if len(action) <= limit else action[:limit] + "..."
+    return " " + repr(cut)
+
+
 class TextEnv(gym.Env):
     """Base class: bookkeeping for turns, invalid actions and truncation. Subclasses implement
     ``_reset(seed) -> (obs, info)``, ``_step(action: str | None) -> (obs, reward, terminated, info)`` and
@@ -62,6 +76,7 @@ class TextEnv(gym.Env):
         self._turn = 0
         self._num_invalid = 0
         self._done = False
+        self._needs_reset = True  # no episode yet: step() must not run on an empty state
 
     # -- to implement ------------------------------------------------------------------------------
     def _reset(self, seed: int | None) -> tuple[str, dict[str, Any]]:
@@ -84,6 +99,7 @@ class TextEnv(gym.Env):
         self._turn = 0
         self._num_invalid = 0
         self._done = False
+        self._needs_reset = True  # stays set if _reset raises half-way
         obs, info = self._reset(seed)
         for key in ("task_id", "goal", "query"):
             if key not in info:
@@ -91,12 +107,18 @@ class TextEnv(gym.Env):
         info.setdefault("success", False)
         info["turn"] = 0
         info["num_invalid"] = 0
+        self._needs_reset = False
         return obs, info
 
     def step(self, action: str):
+        if self._needs_reset:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(); call reset() first")
         if self._done:
-            raise RuntimeError(f"{type(self).__name__}.step called after the episode ended; call reset()")
-        parsed = self.parse_action(action)
+            raise RuntimeError(
+                f"{type(self).__name__}.step called after the episode ended; call reset() first"
+            )
+        # A reply that is not text (bytes, a number, None) is the agent's invalid action, never a crash.
+        parsed = self.parse_action(action) if isinstance(action, str) else None
         obs, reward, terminated, info = self._step(parsed)
         self._turn += 1
         invalid = bool(info.get("invalid_action", parsed is None))

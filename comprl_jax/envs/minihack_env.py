@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from comprl_jax.envs import minihack_text as mt
-from comprl_jax.envs.base import TextEnv
+from comprl_jax.envs.base import TextEnv, echo
 
 _OBS_KEYS = ("chars", "screen_descriptions", "message", "inv_strs", "inv_letters", "blstats")
 
@@ -132,8 +132,8 @@ class MiniHackTextEnv(TextEnv):
         name = mt.normalize_action(action)
         if name not in self._index:
             # Invalid: the turn is spent (counted by the base class) but NetHack does not move.
-            note = "Invalid action" if action is None else f"Invalid action {action!r}"
-            text = mt.observation_text(f"{note}; valid actions: {', '.join(self.actions)}.", *self._last_view)
+            note = f"Invalid action{echo(action)}; valid actions: {', '.join(self.actions)}."
+            text = mt.observation_text(note, *self._last_view)
             return text, 0.0, False, {"invalid_action": True, "success": False}
         obs, _, term, trunc, nle_info = self._nle.step(self._index[name])
         status = int(nle_info.get("end_status", 0))

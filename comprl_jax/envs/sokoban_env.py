@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from comprl_jax.envs.base import TextEnv
+from comprl_jax.envs.base import TextEnv, echo
 
 _GEN_LOCK = threading.Lock()
 _ROOM_UTILS = None
@@ -166,9 +166,8 @@ class SokobanTextEnv(TextEnv):
     def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
         name = normalize_action(action)
         if name is None:
-            note = "Invalid action" if action is None else f"Invalid action {action!r}"
             return (
-                self._obs(f"{note}; valid actions: {', '.join(MOVES)}."),
+                self._obs(f"Invalid action{echo(action)}; valid actions: {', '.join(MOVES)}."),
                 0.0,
                 False,
                 {"invalid_action": True},
