@@ -1,4 +1,7 @@
-"""WebShop env: catalogue/goals/splits, price rule, reward formula, search quality, purchases through the env."""
+"""WebShop env: catalogue/goals/splits, price rule, reward formula, search quality, purchases through the env,
+the constrained-decoding action regex."""
+
+import re
 
 import numpy as np
 import pytest
@@ -95,10 +98,50 @@ def test_reward_formula_hand_computed():
     # Overlap exactly 0.2 (1 of 5 nouns) with no query/category match -> 0.5.
     five = _goal(name="Vegan Protein Shake Powder Tub")
     assert reward.type_reward(_product(query="q", product_category="A", Title="Tub"), five)["r_type"] == 0.5
-    # Size options must match exactly.
+    # Options match by fuzzy token-set ratio > 85 alone, as the original get_option_reward: "x-large" contains every
+    # token of "large" (ratio 100, a match, as in the original); "medium" shares no token, so the ratio is the plain
+    # indel ratio 2 x |LCS "e"| / (6 + 5) = 18.
     sized = _goal(options=("large",))
-    assert reward.option_matches(_product(), sized, {"size": "x-large"}) == 0
-    assert reward.option_matches(_product(), sized, {"size": "large"}) == 1
+    assert reward.fuzzy("x-large", "large") == 100 and reward.fuzzy("medium", "large") == 18
+    assert reward.option_matches(sized, {"size": "x-large"}) == 1
+    assert reward.option_matches(sized, {"size": "medium"}) == 0
+    # Counted per goal option: two clicked values matching one goal option count once.
+    assert reward.option_matches(sized, {"size": "large", "fit": "large"}) == 1
+
+
+def test_wrong_colour_named_in_the_product_text_earns_nothing():
+    # The issue's case: the goal asks for red, 128mb; the agent buys black, 128mb, and "black" is in the title and
+    # the description. No substring rule for options: red vs [black, 128mb] -> 0; 128mb -> 1 of 2 options.
+    # Attributes 2 of 2 (gluten free by Attributes, "soy free" in the title), price ok:
+    # (2 + 1 + 1) / (2 + 2 + 1) = 0.8.
+    goal = _goal(options=("red", "128mb"))
+    product = _product(Title="Vegan Protein Shake, Soy Free, Black", Description="A black shake in 128mb.")
+    r, details = reward.purchase_reward(product, goal, 15.0, {"color": "black", "size": "128mb"})
+    assert details["option_matches"] == 1 and r == pytest.approx(0.8)
+    assert reward.purchase_reward(product, goal, 15.0, {"color": "red", "size": "128mb"})[0] == 1.0
+
+
+def test_a_wrong_colour_never_scores_one():
+    """Every synthetic goal with a colour option, bought as the goal product with the goal's other options and each
+    other colour of that product: never reward 1.0. A colour counts as other when no clicked value matches the
+    goal's colour by the original's own rule (colour normalisation, then token-set ratio > 85): "black forest" is
+    "black" to WebShop."""
+    cat = load_catalogue()
+    checked = 0
+    for goal in cat.synthetic:
+        product = cat.product(goal.asin)
+        names = sorted(product["options"])
+        if "color" not in names:
+            continue
+        want = reward.normalize_color(goal.options[names.index("color")])
+        for other in product["options"]["color"]:
+            chosen = dict(zip(names, goal.options, strict=True)) | {"color": other}
+            if any(reward.fuzzy(reward.normalize_color(v), want) > 85 for v in chosen.values()):
+                continue  # the same colour to WebShop, or another option already names it
+            r, _ = reward.purchase_reward(product, goal, cat.prices[goal.asin], chosen)
+            assert r < 1.0, (goal.key, goal.options, other)
+            checked += 1
+    assert checked > 5000, checked  # measured 9,606 wrong-colour purchases
 
 
 def test_reward_helpers():
@@ -155,20 +198,76 @@ def test_search_finds_goal_product_in_top10(env):
     assert rate >= 0.8  # measured 0.918 (459 / 500)
 
 
+def _clickable_texts(catalogue):
+    """Independently of the env's code: the lowercase, single-spaced text of every option value of every product,
+    every product id, and the buttons / tabs."""
+    texts = {"back to search", "< prev", "next >", "buy now", "description", "features", "reviews"}
+    for product in catalogue.products:
+        texts.add(product["asin"].lower())
+        for values in product["options"].values():
+            texts.update(" ".join(v.lower().split()) for v in values)
+    return sorted(texts)
+
+
+def test_action_regex_accepts_every_option_value_and_both_pagination_buttons(env):
+    from comprl_jax.sampling_lib.automaton import accepts, from_regex
+
+    texts = _clickable_texts(env.catalogue)
+    assert {"< prev", "next >", "dark heather | white", "20x24in+20x48in", "a01#black"} <= set(texts)
+    pattern = re.compile(env.action_regex)
+    rejected = [t for t in texts if not pattern.fullmatch(f"<answer>click[{t}]</answer>")]
+    assert not rejected, (len(rejected), rejected[:10])
+    assert pattern.fullmatch("<answer>search[gluten free protein shake]</answer>")
+    for bad in ["<answer>click[]</answer>", "<answer>buy[x]</answer>", "<answer>click[ x]</answer>"]:
+        assert not pattern.fullmatch(bad), bad
+    # The same regex through outlines-core, as constrained decoding builds it: a byte-level vocabulary (one token per
+    # byte, so multi-byte characters such as "×" are two tokens) and an EOS id.
+    vocab = [bytes([b]) for b in range(256)] + [b""]
+    automaton = from_regex(env.action_regex, vocab, stop_ids=[256])
+    # 195 states (a chain per verb, plus a middle state per position for the 2-byte "×"); the fixed regex this
+    # replaced, which could not write 304 of these texts, had 172.
+    assert automaton.num_states <= 200, automaton.num_states
+    not_accepted = [t for t in texts if not accepts(automaton, list(f"<answer>click[{t}]</answer>".encode()))]
+    assert not not_accepted, not_accepted[:10]
+
+
+def test_every_option_value_is_clickable_as_shown(env):
+    # On its item page, every option value is a clickable under its lowercase, single-spaced text.
+    for product in env.catalogue.products:
+        _, clickables = pages.item_page("goal", product)
+        for values in product["options"].values():
+            for value in values:
+                assert clickables[" ".join(value.lower().split())][0] == "option", (product["asin"], value)
+    # Through the env: eval goal 314 wants "a3-wine\xa0red" (a no-break space) and 2 wants "red | blue"; clicking them
+    # as shown, with a plain space or in capitals, selects them and the purchase scores 1.
+    assert env.goal_for_seed(314).options[0] == "a3-wine\xa0red"
+    assert _buy(env, 314)[0] == 1.0
+    assert _buy(env, 314, options=["A3-WINE  RED", "x-large"])[0] == 1.0
+    assert env.goal_for_seed(2).options[0] == "red | blue" and _buy(env, 2)[0] == 1.0
+
+
 def test_pages_and_invalid_actions():
     env = WebShopEnv(split="eval", max_turns=7)
     obs, info = env.reset(seed=3)
     goal = env.goal
     assert obs.startswith("WebShop [SEP] Instruction: [SEP] " + goal.instruction + " [SEP] Search")
     assert info["admissible_actions"] == ["search[<keywords>]"] and info["query"] == goal.instruction
-    for bad in ["search for it", answer("click[buy now]"), answer("buy[this]"), answer("search[]")]:
+    # An invalid action leaves the page as it was, and the observation starts with a line saying why.
+    for bad, why in [
+        ("search for it", "Invalid reply: give one action inside <answer>...</answer>."),
+        (answer("click[buy now]"), "Invalid action 'click[buy now]': not clickable on this page"),
+        (answer("buy[this]"), "Invalid action 'buy[this]': use search[keywords] or click[text]."),
+        (answer("search[]"), "Invalid action 'search[]': search needs keywords."),
+    ]:
         obs2, r, term, trunc, info = env.step(bad)
-        assert (obs2, r, term, info["invalid_action"]) == (obs, 0.0, False, True)
+        assert (r, term, info["invalid_action"]) == (0.0, False, True)
+        assert obs2.startswith(why) and obs2.endswith("\n" + obs), obs2
     assert info["num_invalid"] == 4
     obs, r, term, trunc, info = env.step(answer("SEARCH[" + goal.instruction + "]"))  # verb case-insensitive
     assert not info["invalid_action"] and "Page 1 (Total results: " in obs and goal.instruction in obs
     obs2, r, term, trunc, info = env.step(answer("search[another]"))  # no search bar on the results page
-    assert info["invalid_action"] and obs2 == obs
+    assert info["invalid_action"] and obs2.endswith("\n" + obs)
+    assert obs2.startswith("Invalid action 'search[another]': there is no search bar on this page")
     obs, r, term, trunc, info = env.step(answer("click[back to search]"))
     assert (r, term, trunc) == (0.0, False, True) and obs.startswith("WebShop [SEP]")  # 7 turns, no purchase
     assert "search[keywords]" in env.system_prompt() and "click[text]" in env.system_prompt()

@@ -2,9 +2,9 @@
 
 Each reset picks a goal by seed (``seed % n`` into the split's fixed, shuffled goal list; see ``catalogue``) and opens
 the search page. Actions: ``search[keywords]`` (only on the search page, which has the search bar) and
-``click[text]`` (only a clickable of the current page; case-insensitive). Anything else -- no ``<answer>``, an unknown
-verb, a search without a search bar, a click on text that is not clickable -- changes nothing, scores 0 and is counted
-as invalid. ``click[buy now]`` ends the episode with the purchase reward (``reward.purchase_reward``); success means
+``click[text]`` (only a clickable of the current page; case and runs of whitespace do not matter). Anything else -- no
+``<answer>``, an unknown verb, a search without a search bar, a click on text that is not clickable -- changes nothing
+on the page, scores 0, is counted as invalid, and the next observation starts with a line saying why. ``click[buy now]`` ends the episode with the purchase reward (``reward.purchase_reward``); success means
 reward 1.0. Running out of turns ends it with reward 0.
 """
 
@@ -14,13 +14,49 @@ import os
 import re
 from typing import Any
 
-from comprl_jax.envs.base import TextEnv
+from comprl_jax.envs.base import TextEnv, echo
 from comprl_jax.envs.webshop import pages
 from comprl_jax.envs.webshop.catalogue import Goal, load_catalogue
 from comprl_jax.envs.webshop.reward import purchase_reward
 
 _ACTION_RE = re.compile(r"^(search|click)\s*\[(.*)\]$", re.DOTALL | re.IGNORECASE)
 SEARCH_PLACEHOLDER = "search[<keywords>]"
+FIXED_CLICKABLES = (pages.BACK_TO_SEARCH, pages.PREV, pages.NEXT, pages.BUY, *pages.SUB_PAGES)
+SEARCH_REGEX = r"search\[[a-z0-9][a-z0-9 ,.$-]{0,59}\]"
+# Characters escaped inside a regex character class: special there in Python's re or in the Rust regex-automata
+# dialect outlines-core compiles (which reads "&&", "--", "~~" as set operations). Every one of them may be escaped
+# in both; other characters (notably "<" and ">": "\<" is a word boundary in Rust) stay literal.
+_CLASS_ESCAPE = frozenset("\\[]^-&~|")
+
+
+def _char_class(chars) -> str:
+    return "[" + "".join("\\" + c if c in _CLASS_ESCAPE else c for c in sorted(set(chars))) + "]"
+
+
+def click_texts(catalogue) -> list[str]:
+    """Every text ``click[...]`` can ever need in this catalogue (in ``pages.clickable_text`` form): the buttons and
+    tabs, every product id and every option value of every product. Sorted, no duplicates."""
+    texts = set(FIXED_CLICKABLES)
+    for product in catalogue.products:
+        texts.add(product["asin"].lower())
+        for values in product["options"].values():
+            texts.update(pages.clickable_text(v) for v in values)
+    return sorted(t for t in texts if t)
+
+
+def action_regex_for(texts) -> str:
+    """The WebShop action syntax for constrained decoding, derived from ``texts`` (see :func:`click_texts`).
+
+    ``click[...]`` takes a first character that some clickable starts with, then up to (longest - 1) characters that
+    some clickable uses, so every clickable of the catalogue can be written (e.g. "< prev", "next >",
+    "dark heather | white", "20x24in+20x48in", "a01#black") while the automaton stays one short chain of states.
+    """
+    texts = list(texts)
+    longest = max(len(t) for t in texts)
+    first = _char_class(t[0] for t in texts)
+    rest = _char_class("".join(texts))
+    return f"<answer>({SEARCH_REGEX}|click\\[{first}{rest}{{0,{longest - 1}}}\\])</answer>"
+
 
 SYSTEM_PROMPT = """You are shopping on WebShop, a text web store with 1,000 products. Each episode gives you an \
 instruction describing a product (attributes, options such as size or color, and a price limit). Find it and buy it \
@@ -55,11 +91,9 @@ class WebShopEnv(TextEnv):
     """
 
     # Constrained decoding for tiny models (SPEC: "their actions always parse"): the admissible set changes every
-    # turn, so the grammar is the action *syntax*; an admissible-but-wrong or inadmissible action is still
-    # possible and is handled as an invalid action. WebShop actions are search[...] / click[...].
-    action_regex = (
-        r"<answer>(search\[[a-z0-9][a-z0-9 ,.$-]{0,59}\]|click\[[a-z0-9][a-z0-9 ,.$&/()-]{0,79}\])</answer>"
-    )
+    # turn, so the grammar is the action *syntax* (``self.action_regex``, set per instance from the catalogue by
+    # :func:`action_regex_for`); an admissible-but-wrong or inadmissible action is still possible and is handled as
+    # an invalid action.
 
     def __init__(
         self,
@@ -77,6 +111,7 @@ class WebShopEnv(TextEnv):
         self.goal_kind = goals
         self.goals = self.catalogue.goals(goals, self.split)
         self.show_admissible = show_admissible
+        self.action_regex = action_regex_for(click_texts(self.catalogue))
         self.goal: Goal | None = None
         self._clear()
 
@@ -147,9 +182,7 @@ class WebShopEnv(TextEnv):
 
     def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
         match = _ACTION_RE.match(action.strip()) if action is not None else None
-        verb, arg = (
-            (match.group(1).lower(), " ".join(match.group(2).lower().split())) if match else (None, "")
-        )
+        verb, arg = (match.group(1).lower(), pages.clickable_text(match.group(2))) if match else (None, "")
         if verb == "search" and arg and self._page == "search":
             self._keywords = arg
             self._hits = self.catalogue.engine.search(arg)
@@ -173,8 +206,27 @@ class WebShopEnv(TextEnv):
                 return self._observation(), float(reward), True, info
             self._click(target)
         else:
-            return self._observation(), 0.0, False, self._info(success=False, invalid_action=True)
+            note = self._invalid_note(action, verb, arg)
+            return (
+                f"{note}\n{self._observation()}",
+                0.0,
+                False,
+                self._info(success=False, invalid_action=True),
+            )
         return self._observation(), 0.0, False, self._info(success=False, invalid_action=False)
+
+    def _invalid_note(self, action: str | None, verb: str | None, arg: str) -> str:
+        """The line that tells the agent why its action did nothing (the quoted action is cut, see ``echo``)."""
+        if action is None:
+            return "Invalid reply: give one action inside <answer>...</answer>."
+        head = f"Invalid action{echo(action)}:"
+        if verb is None:
+            return f"{head} use search[keywords] or click[text]."
+        if verb == "search" and self._page != "search":
+            return f"{head} there is no search bar on this page; click[back to search] first."
+        if verb == "search":
+            return f"{head} search needs keywords."
+        return f"{head} not clickable on this page; click one of the admissible actions."
 
     def _click(self, target: tuple) -> None:
         kind = target[0]

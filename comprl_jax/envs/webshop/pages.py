@@ -1,7 +1,7 @@
 """The text of each WebShop page and what can be clicked on it (WebShop's "simple" text mode).
 
 A page is the list of its visible texts, joined by `` [SEP] ``; the instruction is on every page. Clickables are the
-lowercased button / link texts and the option values, as WebShop's text env lists them.
+button / link texts and the option values, as WebShop's text env lists them, in :func:`clickable_text` form.
 
     search   : WebShop | Instruction: | <goal> | Search                                  (search bar)
     results  : Instruction: | <goal> | Back to Search | Page p (Total results: n) | < Prev | Next > |
@@ -24,6 +24,14 @@ PREV = "< prev"
 NEXT = "next >"
 BUY = "buy now"
 SUB_PAGES = ("description", "features", "reviews")
+
+
+def clickable_text(text: str) -> str:
+    """The form a clickable is matched in: lowercased, whitespace runs (no-break spaces included) as one space.
+
+    ``click[...]`` arguments go through the same function, so "A1-Wine\xa0Red" is clicked as ``click[a1-wine red]``.
+    """
+    return " ".join(text.lower().split())
 
 
 def _header(instruction: str) -> list[str]:
@@ -59,11 +67,8 @@ def item_page(instruction: str, product: Mapping[str, Any]) -> tuple[list[str], 
         texts.append(name)
         for value in values:
             texts.append(value)
-            clickables[value] = (
-                "option",
-                name,
-                value,
-            )  # a value under two names: the later wins, as in WebShop
+            # A value under two names: the later wins, as in WebShop.
+            clickables[clickable_text(value)] = ("option", name, value)
     texts += [product["Title"], f"Price: {product['Price']}", f"Rating: {product['Rating']}"]
     texts += ["Description", "Features", "Reviews", "Buy Now"]
     for sub in SUB_PAGES:

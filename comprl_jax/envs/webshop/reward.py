@@ -5,10 +5,11 @@ reward = (attribute matches + option matches + [price <= price_upper]) / (#goal 
 
 * Attribute match: some purchased ``Attributes`` entry has fuzzy token-set ratio > 85 with the goal attribute, or the
   goal attribute is a substring of the lowercased title, bullet points or description.
-* Option match, per option the agent clicked: colours normalised to the first colour word they contain; an option
-  named "size" must equal a goal option exactly; others match by token-set ratio > 85; failing that, the clicked
-  value as a substring of title / bullet points / description counts. Matches are capped at the number of goal options
-  (the original can exceed it when the agent clicks more options than the goal names; we keep the reward <= 1).
+* Option match (the original ``get_option_reward``): colours of both sides normalised to the first colour word they
+  contain; a goal option matches when some clicked option value has fuzzy token-set ratio > 85 with it. Nothing else:
+  no substring search in the product text (so a wrong colour named in the description earns nothing) and no
+  special rule for sizes (as in the original, "x-large" matches a goal "large": its tokens contain the goal's).
+  Counted per goal option, so it never exceeds the number of goal options.
 * r_type (product type): 1.0; 0.5 if neither the search query matches, nor >= 2 product-category levels are shared,
   nor title-noun overlap > 0.2; 0.1 if the overlap < 0.1; 0.0 if it is 0.
 * Fuzzy ratio: ``rapidfuzz.fuzz.token_set_ratio`` with ``default_process`` (lowercase, non-alphanumerics to spaces),
@@ -32,7 +33,6 @@ from rapidfuzz.utils import default_process
 from comprl_jax.envs.webshop.catalogue import Goal
 
 FUZZY_THRESHOLD = 85
-EXACT_MATCH_OPTIONS = ("size",)
 
 # WebShop's colour vocabulary (normalize.py): an option value is reduced to the first of these it contains.
 COLOR_SET = (
@@ -113,19 +113,12 @@ def attribute_matches(product: Mapping[str, Any], goal: Goal) -> int:
     return matches
 
 
-def option_matches(product: Mapping[str, Any], goal: Goal, chosen: Mapping[str, str]) -> int:
-    title, bullets, description = _product_text(product)
+def option_matches(goal: Goal, chosen: Mapping[str, str]) -> int:
+    """How many of ``goal.options`` some clicked option value (``chosen``: name -> value) matches (see the module
+    docstring); the option names play no part, as in the original."""
+    purchased = [normalize_color(v) for v in chosen.values()]
     wanted = [normalize_color(o) for o in goal.options]
-    matches = 0
-    for name, value in chosen.items():
-        value = normalize_color(value)
-        if name.lower() in EXACT_MATCH_OPTIONS:
-            matched = value in wanted
-        else:
-            matched = any(fuzzy(w, value) > FUZZY_THRESHOLD for w in wanted)
-        if matched or value in title or value in bullets or value in description:
-            matches += 1
-    return min(matches, len(goal.options))
+    return sum(any(fuzzy(p, g) > FUZZY_THRESHOLD for p in purchased) for g in wanted)
 
 
 def purchase_reward(
@@ -138,7 +131,7 @@ def purchase_reward(
     """
     kind = type_reward(product, goal)
     n_attr = attribute_matches(product, goal)
-    n_opt = option_matches(product, goal, chosen)
+    n_opt = option_matches(goal, chosen)
     price_ok = price <= goal.price_upper
     total = (n_attr + n_opt + int(price_ok)) / (len(goal.attributes) + len(goal.options) + 1)
     details = dict(kind, attribute_matches=n_attr, option_matches=n_opt, price_ok=price_ok)
