@@ -5,7 +5,9 @@ each logical name to a mesh axis (or a tuple of mesh axes, or None = replicated)
 unsharded on one CPU, fsdp x tensor on a pod, or data x fsdp on 8 fake CPU devices in tests.
 
 Mesh axes: ``data`` (batch only), ``fsdp`` (batch *and* parameter shards, ZeRO-3 style), ``tensor`` (Megatron
-style: heads / MLP hidden / vocab).
+style: heads / MLP hidden / vocab). Mixture-of-experts weights carry an ``expert`` axis, mapped to ``fsdp``:
+expert parallelism reuses the fsdp devices (each holds ``E / fsdp`` whole experts instead of a slice of every
+expert), so no mesh axis or config key is added and a dense model's layout is unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
+    ("expert", "fsdp"),  # MoE expert weights [E, ...]: expert parallelism over the fsdp devices
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("q_heads_dim", "tensor"),  # fused [heads * head_dim] projections
@@ -118,6 +121,26 @@ def logical_to_spec(
     while out and out[-1] is None:
         out.pop()
     return PartitionSpec(*out)
+
+
+def expert_parallel_spec(mesh, rules=DEFAULT_RULES) -> PartitionSpec:
+    """Layout of a dispatched MoE buffer ``[B, E, ...]`` for expert-parallel compute: experts over the mesh axes
+    of ``expert``, rows over the remaining ``batch`` axes. Moving a batch-sharded buffer to this layout is the
+    all-to-all of expert parallelism (GSPMD inserts it). ``mesh`` may be abstract."""
+    table = dict(rules)
+
+    def axes(name):
+        target = table.get(name)
+        targets = (target,) if isinstance(target, str) else tuple(target or ())
+        return tuple(a for a in targets if mesh.shape.get(a, 1) > 1)
+
+    ep = axes("expert")
+    rows = tuple(a for a in axes("batch") if a not in ep)
+
+    def entry(t):
+        return None if not t else t[0] if len(t) == 1 else t
+
+    return PartitionSpec(entry(rows), entry(ep))
 
 
 def named_sharding(mesh: Mesh, names: Sequence[str | None] | None, rules=DEFAULT_RULES) -> NamedSharding:

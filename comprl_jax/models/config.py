@@ -1,4 +1,4 @@
-"""Decoder configuration: one frozen dataclass for the Qwen2 / Qwen2.5 / Qwen3 / Llama family.
+"""Decoder configuration: one frozen dataclass for the Qwen2 / Qwen2.5 / Qwen3 / Qwen3-MoE / Llama family.
 
 ``ModelConfig`` is hashable so it can be a static argument of ``jax.jit``. ``from_hf_config`` reads a Hugging Face
 ``config.json`` dict (both the transformers-4 spelling ``rope_theta`` + ``rope_scaling`` and the transformers-5
@@ -12,7 +12,11 @@ import json
 import os
 from typing import Any
 
-ARCHS = ("qwen2", "qwen3", "llama")
+ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
+# Token dispatch of the mixture-of-experts layers (``models.moe``): "dropless" is exact (every token reaches its
+# top-k experts); "capacity" gives each expert a fixed number of slots per batch row (GShard style, expert
+# parallel under a mesh) and drops assignments past it.
+MOE_DISPATCH = ("dropless", "capacity")
 # RoPE scaling types implemented in ``layers.rope_inv_freq`` ("default" = none).
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,13 +47,18 @@ _IGNORED_KEYS = frozenset(
         "model_name",
         "name_or_path",
         "transformers.js_config",
+        "output_router_logits",  # HF training switch: whether forward returns router logits / adds the aux loss
     }
 )
 
 
 # The shipped real configs (configs/models/*.json at the repository root).
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "models")
-ALIASES = {"qwen3-4b": "qwen3-4b-thinking-2507", "qwen2.5-7b": "qwen2.5-7b-instruct"}
+ALIASES = {
+    "qwen3-4b": "qwen3-4b-thinking-2507",
+    "qwen2.5-7b": "qwen2.5-7b-instruct",
+    "qwen3-30b-a3b": "qwen3-30b-a3b-instruct-2507",
+}
 
 
 def hf_config_dict(name_or_path: str) -> dict:
@@ -110,10 +119,21 @@ class ModelConfig:
     """Hyper-parameters of the decoder. Frozen and hashable (a static jit argument).
 
     Attributes:
-      arch: "qwen2" (qkv bias) | "qwen3" (per-head q/k RMSNorm) | "llama" (neither).
+      arch: "qwen2" (qkv bias) | "qwen3" (per-head q/k RMSNorm) | "llama" (neither) | "qwen3_moe" (Qwen3
+        attention; the MLP of the layers in :attr:`moe_layers` is a mixture of experts).
       rope_scaling: ``None`` or a tuple of sorted ``(key, value)`` items including ``("rope_type", kind)``.
       param_dtype: dtype parameters are stored in; ``dtype``: matmul compute dtype (attention softmax, norms and
         logits are always float32).
+      num_experts, num_experts_per_tok, moe_intermediate_size: experts per MoE layer, experts each token is routed
+        to (top-k), and each expert's SwiGLU width. ``num_experts = 0``: no MoE layer (every dense model).
+      norm_topk_prob: renormalise the top-k router probabilities to sum to 1 (Qwen3-30B-A3B: true).
+      decoder_sparse_step, mlp_only_layers: layer ``i`` is MoE iff ``i not in mlp_only_layers`` and
+        ``(i + 1) % decoder_sparse_step == 0`` (HF's rule); the others keep the dense SwiGLU of
+        ``intermediate_size``.
+      router_aux_loss_coef: the checkpoint's load-balancing coefficient (kept for round trips; the RL update has
+        its own switch, off by default).
+      moe_dispatch: "dropless" (exact) or "capacity" (``capacity_factor`` x the even share of slots per expert
+        and batch row; assignments past it are dropped). Not part of the checkpoint: a run-time choice.
     """
 
     arch: str
@@ -133,10 +153,22 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     param_dtype: str = "float32"
     dtype: str = "float32"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.0
+    moe_dispatch: str = "dropless"
+    capacity_factor: float = 1.25
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"model arch {self.arch!r} is not supported; use one of {ARCHS}")
+        # a list from json would make the config unhashable (it is a static jit argument)
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+        self._check_moe()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads} (GQA)"
@@ -150,6 +182,51 @@ class ModelConfig:
             kind = dict(self.rope_scaling).get("rope_type")
             if kind not in ROPE_TYPES or kind == "default":
                 raise ValueError(f"rope_scaling type {kind!r} is not supported; use one of {ROPE_TYPES[1:]}")
+
+    def _check_moe(self):
+        if self.arch != "qwen3_moe":
+            if self.num_experts:
+                raise ValueError(f"num_experts={self.num_experts} needs arch 'qwen3_moe', got {self.arch!r}")
+            return
+        if self.num_experts < 0:
+            raise ValueError(f"config key 'num_experts' must be >= 0, got {self.num_experts}")
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"config key 'num_experts_per_tok' must be in [1, num_experts={self.num_experts}], "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size < 1:
+                raise ValueError(
+                    f"config key 'moe_intermediate_size' must be >= 1, got {self.moe_intermediate_size}"
+                )
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"config key 'decoder_sparse_step' must be >= 1, got {self.decoder_sparse_step}")
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(
+                f"config key 'mlp_only_layers' has layer ids {bad} outside [0, {self.num_layers})"
+            )
+        if self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"ModelConfig.moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCH}")
+        if not self.capacity_factor > 0:
+            raise ValueError(f"ModelConfig.capacity_factor must be > 0, got {self.capacity_factor}")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a mixture-of-experts MLP (HF ``Qwen3MoeDecoderLayer``'s rule)."""
+        return (
+            self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Ids of the layers with an MoE MLP (their expert weights are stacked in this order)."""
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        """Ids of the layers with the dense SwiGLU MLP (all of them for a dense model)."""
+        return tuple(i for i in range(self.num_layers) if not self.is_moe_layer(i))
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
@@ -210,6 +287,8 @@ class ModelConfig:
             "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "tie_word_embeddings",
             "max_position_embeddings",
         }  # fmt: skip
+        if arch == "qwen3_moe":
+            read |= set(_MOE_KEYS)
         unknown = sorted(set(d) - read - _IGNORED_KEYS)
         if unknown:
             raise ValueError(
@@ -232,15 +311,22 @@ class ModelConfig:
             # transformers defaults: Qwen2/Qwen3 untied, Llama untied.
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
         )
+        if arch == "qwen3_moe":
+            fields.update(_moe_from_hf(d))
         fields.update(overrides)
         return cls(**fields)
 
     def to_hf_config(self) -> dict:
         """A ``config.json`` dict that ``transformers`` (4.x legacy keys, also read by 5.x) loads."""
-        arch_name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+        arch_name = {
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+            "llama": "LlamaForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM",
+        }
         d = {
             "architectures": [arch_name[self.arch]],
             "model_type": self.arch,
@@ -261,11 +347,26 @@ class ModelConfig:
         }
         if self.arch != "qwen2":
             d["attention_bias"] = False
+        if self.arch == "qwen3_moe":
+            d.update(
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate_size,
+                norm_topk_prob=self.norm_topk_prob,
+                decoder_sparse_step=self.decoder_sparse_step,
+                mlp_only_layers=list(self.mlp_only_layers),
+                router_aux_loss_coef=self.router_aux_loss_coef,
+                use_sliding_window=False,
+            )
         return d
 
     @classmethod
     def tiny(cls, arch: str = "qwen3", **overrides) -> ModelConfig:
-        """A 2-layer, d_model 64 config of the given family for CPU tests (GQA 4 query / 2 kv heads)."""
+        """A 2-layer, d_model 64 config of the given family for CPU tests (GQA 4 query / 2 kv heads).
+
+        ``"qwen3_moe"``: 8 experts of width 64, top-2, renormalised: 2 x 64 = 128 active MLP units per token, the
+        dense tiny model's ``intermediate_size``.
+        """
         fields = dict(
             arch=arch,
             vocab_size=256,
@@ -276,8 +377,42 @@ class ModelConfig:
             num_kv_heads=2,
             head_dim=16,
             qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             max_position_embeddings=2048,
         )
+        if arch == "qwen3_moe":
+            fields.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
         fields.update(overrides)
         return cls(**fields)
+
+
+# HF ``Qwen3MoeConfig`` keys this decoder reads (``num_local_experts`` is transformers 5's spelling of
+# ``num_experts``; both are accepted).
+_MOE_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "router_aux_loss_coef",
+)
+
+
+def _moe_from_hf(d: dict) -> dict:
+    """ModelConfig fields of a ``qwen3_moe`` config.json (HF defaults where a key is absent)."""
+    if "num_experts" in d and "num_local_experts" in d and d["num_experts"] != d["num_local_experts"]:
+        raise ValueError(
+            f"config keys 'num_experts'={d['num_experts']} and 'num_local_experts'={d['num_local_experts']} disagree"
+        )
+    experts = d.get("num_experts", d.get("num_local_experts", 128))
+    return dict(
+        num_experts=int(experts),
+        num_experts_per_tok=int(d.get("num_experts_per_tok", 8)),
+        moe_intermediate_size=int(d.get("moe_intermediate_size", 768)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+        router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+    )

@@ -5,6 +5,11 @@ Loading never materialises a full unsharded copy on one device: the abstract sha
 reads only the requested slice from the memory-mapped safetensors file (``safe_open(...).get_slice``). Our
 weights are ``[in, out]`` and stacked over layers; HF stores one ``[out, in]`` tensor per layer, so a device's
 slice is read layer by layer and transposed.
+
+Qwen3-MoE: expert weights are stacked ``[L_moe, E, ...]`` on our side and stored one tensor per layer and expert
+(``layers.{i}.mlp.experts.{j}.gate_proj.weight``, the layout of the released checkpoints, which ``transformers``
+5 also writes and reads); a device holding experts ``E / fsdp`` reads only its experts' tensors. Dense-MLP
+weights of a model that mixes dense and MoE layers are stacked over the dense layers only.
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "up_proj": ("mlp.up_proj.weight", True),
     "down_proj": ("mlp.down_proj.weight", True),
 }
+# Stacked MoE parameter -> (HF tensor name inside ``layers.{i}.``, ``{j}`` = expert id, transposed?).
+MOE_NAMES: dict[str, tuple[str, bool]] = {
+    "router": ("mlp.gate.weight", True),
+    "expert_gate": ("mlp.experts.{j}.gate_proj.weight", True),
+    "expert_up": ("mlp.experts.{j}.up_proj.weight", True),
+    "expert_down": ("mlp.experts.{j}.down_proj.weight", True),
+}
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 # Top-level parameter -> (HF name without the "model." prefix, transposed?). lm_head never has the prefix.
 TOP_NAMES: dict[str, tuple[str, bool]] = {
     "embed": ("embed_tokens.weight", False),
@@ -77,13 +90,28 @@ def _weight_map(folder: str) -> dict[str, str]:
     return files
 
 
-def _hf_names(cfg: ModelConfig, path: tuple[str, ...], prefix: str) -> tuple[list[str], bool]:
-    """HF tensor names for one of our parameters (one per layer for stacked ones) and whether transposed."""
+def _hf_names(cfg: ModelConfig, path: tuple[str, ...], prefix: str) -> tuple[np.ndarray, bool]:
+    """HF tensor names for one of our parameters and whether they are stored transposed.
+
+    Returns a numpy object array shaped like our parameter's stacked axes: ``()`` for a top-level parameter,
+    ``[L]`` for a per-layer one (``[L_dense]`` / ``[L_moe]`` for the dense / MoE MLP of a mixed model),
+    ``[L_moe, E]`` for expert weights.
+    """
     if path[0] == "layers":
-        name, tr = LAYER_NAMES[path[1]]
-        return [f"{prefix}layers.{i}.{name}" for i in range(cfg.num_layers)], tr
+        if path[1] in MOE_NAMES:
+            name, tr = MOE_NAMES[path[1]]
+            ids = cfg.moe_layers
+            if "{j}" in name:
+                names = [
+                    [f"{prefix}layers.{i}.{name.format(j=j)}" for j in range(cfg.num_experts)] for i in ids
+                ]
+                return np.array(names, dtype=object).reshape(len(ids), cfg.num_experts), tr
+        else:
+            name, tr = LAYER_NAMES[path[1]]
+            ids = cfg.dense_layers if path[1] in _DENSE_MLP else range(cfg.num_layers)
+        return np.array([f"{prefix}layers.{i}.{name}" for i in ids], dtype=object), tr
     name, tr = TOP_NAMES[path[0]]
-    return [name if path[0] == "lm_head" else prefix + name], tr
+    return np.array(name if path[0] == "lm_head" else prefix + name, dtype=object), tr
 
 
 def _norm_index(idx: tuple, shape: tuple[int, ...]) -> tuple[slice, ...]:
@@ -163,25 +191,29 @@ def load_hf(folder: str, mesh=None, rules=sharding.DEFAULT_RULES, **overrides):
 
         def reader(path, shape, dtype):
             names, tr = _hf_names(cfg, path, prefix)
-            used.update(names)
-            per = shape[1:] if path[0] == "layers" else shape
+            used.update(names.flat)
+            lead = names.ndim  # stacked axes (layers, experts) ahead of the stored tensor's own axes
+            per = shape[lead:]
             want = tuple(reversed(per)) if tr else tuple(per)
-            for n in names:
+            for n in names.flat:
                 got = tuple(tensor(n).get_shape())
                 if got != want:
                     raise ValueError(f"tensor {n!r} has shape {got}, config.json implies {want}")
 
             def read(idx):
-                layer_ids, inner = (
-                    (range(*idx[0].indices(shape[0])), idx[1:]) if path[0] == "layers" else ([0], idx)
-                )
+                block = names[
+                    idx[:lead] + (Ellipsis,)
+                ]  # this device's (layer, expert) tensors, an array even at 0-d
+                inner = idx[lead:]
                 hf_idx = tuple(reversed(inner)) if tr else inner
-                parts = []
-                for i in layer_ids:
-                    x = tensor(names[i])[hf_idx]
-                    parts.append(x.T if tr else x)
-                out = np.stack(parts) if path[0] == "layers" else parts[0]
-                return np.ascontiguousarray(out.astype(dtype))
+                out = None
+                for ix in np.ndindex(block.shape):
+                    x = tensor(block[ix])[hf_idx]
+                    x = x.T if tr else x
+                    if out is None:
+                        out = np.empty(block.shape + x.shape, dtype)
+                    out[ix] = x
+                return np.ascontiguousarray(out)
 
             return read
 
@@ -214,11 +246,8 @@ def _hf_tensors(cfg: ModelConfig, params, dtype) -> Iterator[tuple[str, np.ndarr
         names, tr = _hf_names(cfg, path, "model.")
         x = _host(var.get_value() if isinstance(var, nnx.Variable) else var)
         x = x.astype(dtype) if dtype is not None else x
-        if path[0] == "layers":
-            for i, n in enumerate(names):
-                yield n, np.ascontiguousarray(x[i].T if tr else x[i])
-        else:
-            yield names[0], np.ascontiguousarray(x.T if tr else x)
+        for ix in np.ndindex(names.shape):
+            yield names[ix], np.ascontiguousarray(x[ix].T if tr else x[ix])
 
 
 def save_hf(folder: str, cfg: ModelConfig, params, dtype=None, max_shard_bytes: int = 4 << 30) -> list[str]:
