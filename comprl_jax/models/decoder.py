@@ -9,6 +9,7 @@ array per k/v. Every parameter carries logical axis names (``out_sharding=``) re
 Pure API (graphdef static under jit):
   forward(graphdef, params, tokens, positions, mask) -> logits          (training / scoring, no cache)
   extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)   (prefill and decode through the cache)
+  extend(..., logits_at=idx [B]) -> ([B, V] logits, cache)             (the sampler: only where a token is drawn)
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ class Decoder(nnx.Module):
         x, _ = jax.lax.scan(body, constrain_batch(self._embed(tokens)), self.layers.arrays())
         return self._head(x, return_hidden)
 
-    def extend(self, cache: KVCache, tokens: jax.Array, num_new: jax.Array):
+    def extend(
+        self, cache: KVCache, tokens: jax.Array, num_new: jax.Array, logits_at: jax.Array | None = None
+    ):
         """See :func:`extend`."""
         cfg = self.cfg
         b, t = tokens.shape
@@ -183,7 +186,14 @@ class Decoder(nnx.Module):
 
         xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
         (x, ck, cv), _ = jax.lax.scan(body, (constrain_batch(self._embed(tokens)), cache.k, cache.v), xs)
-        return self._head(x, False), KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
+        new_cache = KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
+        if logits_at is not None:
+            # Gather the hidden rows before the head: [B, T, V] float32 logits of a long prefill (32 x 2k x 49k
+            # = 13 GB for SmolLM2) would dwarf the model, and the sampler only reads one position per row.
+            at = jnp.clip(logits_at.astype(jnp.int32), 0, t - 1)
+            x = jnp.take_along_axis(x, at[:, None, None], axis=1)  # [B, 1, D]
+            return self._head(x, False)[:, 0], new_cache
+        return self._head(x, False), new_cache
 
 
 @flax.struct.dataclass
@@ -243,7 +253,14 @@ def forward(graphdef, params, tokens, positions, mask, *, return_hidden: bool = 
     return model(tokens, positions, mask, return_hidden=return_hidden, remat=remat)
 
 
-def extend(graphdef, params, cache: KVCache, tokens: jax.Array, num_new: jax.Array):
+def extend(
+    graphdef,
+    params,
+    cache: KVCache,
+    tokens: jax.Array,
+    num_new: jax.Array,
+    logits_at: jax.Array | None = None,
+):
     """Appends ``tokens[b, :num_new[b]]`` to row ``b`` of the cache and returns their logits.
 
     Token ``t`` of row ``b`` goes to slot ``lengths[b] + t`` (its RoPE position) and attends causally to the
@@ -253,11 +270,14 @@ def extend(graphdef, params, cache: KVCache, tokens: jax.Array, num_new: jax.Arr
 
     Args:
       cache: :class:`KVCache` with ``[L, B, S, Hkv, Dh]`` arrays. tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
+      logits_at: optional ``[B]`` int32 column per row (clipped to ``[0, T)``); when given, only those columns go
+        through the output head (a sampler needs one position per row, e.g. ``num_new - 1``).
     Returns:
-      ``(logits [B, T, V] float32, cache)`` with ``lengths += num_new``.
+      ``(logits [B, T, V] float32, cache)`` with ``lengths += num_new``; with ``logits_at``, logits ``[B, V]``
+      (row ``b``'s logits at column ``logits_at[b]``, equal to the full call's ``logits[b, logits_at[b]]``).
     """
     model = nnx.merge(graphdef, params)
-    return model.extend(cache, tokens, num_new)
+    return model.extend(cache, tokens, num_new, logits_at)
 
 
 def count_params(params) -> int:
