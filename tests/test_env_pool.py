@@ -1,7 +1,9 @@
-"""The async env pool: identical group starts, fault survival (raise / hang) over 500 episodes, clean shutdown."""
+"""The async env pool: identical group starts, fault survival (raise / hang) over 500 episodes, recovery of the
+requests a dead worker process held, failure messages, clean shutdown."""
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,17 +23,35 @@ EPISODE_LEN = 4
 
 class FlakyEnv(TextEnv):
     """Cheap env: an episode is EPISODE_LEN steps and succeeds at the end, but ``step`` raises with probability
-    ``p_raise`` and hangs for ``hang_s`` on the first step of episodes whose seed is in ``hang_seeds``."""
+    ``p_raise`` and hangs for ``hang_s`` on the first step of episodes whose seed is in ``hang_seeds``.
+
+    Fault injection for the process backend: episodes seeded in ``exit_seeds`` end their worker process
+    (``os._exit(3)``) on reset (``exit_on="reset"``) or on their first step; the third step of episodes seeded in
+    ``slow_seeds`` takes ``slow_s`` (time to kill the worker under it); ``pid_in_obs`` makes observations differ
+    between processes (an env that is not deterministic in seed + actions)."""
 
     def __init__(
-        self, p_raise: float = 0.1, hang_seeds: tuple = (), hang_s: float = 30.0, max_turns: int = 10
+        self,
+        p_raise: float = 0.1,
+        hang_seeds: tuple = (),
+        hang_s: float = 30.0,
+        max_turns: int = 10,
+        exit_seeds: tuple = (),
+        exit_on: str = "step",
+        slow_seeds: tuple = (),
+        slow_s: float = 0.0,
+        pid_in_obs: bool = False,
     ):
         super().__init__(max_turns)
         self.p_raise, self.hang_seeds, self.hang_s = p_raise, set(hang_seeds), hang_s
+        self.exit_seeds, self.exit_on = set(exit_seeds), exit_on
+        self.slow_seeds, self.slow_s, self.pid_in_obs = set(slow_seeds), slow_s, pid_in_obs
         self.rng = random.Random(0)
         self.seed = None
 
     def _reset(self, seed):
+        if seed in self.exit_seeds and self.exit_on == "reset":
+            os._exit(3)
         self.seed, self.pos = seed, 0
         self.rng = random.Random(seed)
         return f"start {seed}", {"task_id": "flaky", "goal": "walk", "query": f"start {seed}"}
@@ -39,11 +59,16 @@ class FlakyEnv(TextEnv):
     def _step(self, action):
         if self.pos == 0 and self.seed in self.hang_seeds:
             time.sleep(self.hang_s)
+        if self.pos == 0 and self.seed in self.exit_seeds and self.exit_on == "step":
+            os._exit(3)
+        if self.pos == 2 and self.seed in self.slow_seeds:
+            time.sleep(self.slow_s)
         if self.rng.random() < self.p_raise:
             raise RuntimeError(f"flaky failure at seed {self.seed} pos {self.pos}")
         self.pos += 1
         done = self.pos >= EPISODE_LEN
-        return f"pos {self.pos}", float(done), done, {"success": done, "invalid_action": action is None}
+        obs = f"pos {self.pos}" + (f" in process {os.getpid()}" if self.pid_in_obs else "")
+        return obs, float(done), done, {"success": done, "invalid_action": action is None}
 
     def system_prompt(self):
         return "walk"
@@ -98,12 +123,13 @@ def check_accounting(records, num_episodes, hang_seeds, pool):
     errors = [r for r in records if r["error"]]
     raised = [r for r in errors if "flaky failure" in r["error"]]
     hung = [r for r in errors if "timed out" in r["error"]]
-    # Process backend: killing a hung worker also ends the episodes of its other slots (reported as lost).
+    # Process backend: killing a hung worker kills the envs of its other slots too; their episodes are rebuilt on
+    # the fresh worker (reset seed + replies replayed), so none is lost.
     lost = [r for r in errors if "no live env" in r["error"]]
     assert len(raised) + len(hung) + len(lost) == len(errors)
     assert {r["seed"] for r in hung} == set(hang_seeds)
-    per_worker = pool.num_slots // pool.num_workers
-    assert len(lost) <= (per_worker - 1) * len(hang_seeds) if pool.backend == "process" else not lost
+    assert not lost, lost
+    assert all(re.match(r"step on slot \d of tests?[\w.]*:FlakyEnv ", r["error"]) for r in errors), errors[:3]
     assert all(not r["success"] for r in errors)
     assert all(r["success"] for r in records if not r["error"])
     # P(episode hits a raise) = 1 - 0.9^4 ~ 0.34 -> ~171 of 500; a loose band around it.
@@ -138,6 +164,93 @@ def test_process_pool_survives_raise_and_hang_over_500_episodes():
         assert len(children() - before) >= 2
     time.sleep(0.2)
     assert children() == before, "worker processes leaked"
+
+
+GO = "<answer>go</answer>"
+
+
+def test_requests_held_by_a_killed_worker_process_are_retried_or_replayed():
+    """SIGKILL the worker process while it runs slot 0's step, with steps of slots 1 and 2 and a reset of slot 3
+    sent to it behind that step: on the fresh worker the step is retried through a replay of its episode, the other
+    slots' episodes are replayed before their steps, the reset just runs; nothing fails, and the episodes play on."""
+    kwargs = {"p_raise": 0.0, "slow_seeds": [10], "slow_s": 2.0}
+    with EnvPool(
+        FLAKY, num_slots=4, num_workers=1, backend="process", env_kwargs=kwargs, timeout_s=60
+    ) as pool:
+        for slot in range(4):
+            assert pool.submit_reset(slot, 10 + slot).result()[0] == f"start {10 + slot}"
+        for pos in (1, 2):
+            assert [f.result()[0] for f in [pool.submit_step(s, GO) for s in range(4)]] == [f"pos {pos}"] * 4
+        futures = [pool.submit_step(0, GO), pool.submit_step(1, GO), pool.submit_step(2, GO)]
+        futures.append(pool.submit_reset(3, 99))
+        time.sleep(0.5)  # slot 0's third step is sleeping inside the worker
+        os.kill(pool._workers[0].proc.pid, signal.SIGKILL)
+        results = [f.result(timeout=60) for f in futures]
+        assert [r[0] for r in results] == ["pos 3", "pos 3", "pos 3", "start 99"], results
+        assert not any(r[-1].get("failed") for r in results)
+        stats = pool.stats()
+        assert (stats["restarts"], stats["retries"], stats["replays"], stats["errors"]) == (1, 1, 3, 0), stats
+        for slot in (0, 1, 2):
+            obs, reward, terminated, truncated, info = pool.submit_step(slot, GO).result()
+            assert (obs, reward, terminated, info["success"]) == ("pos 4", 1.0, True, True)
+
+
+def test_failures_name_the_slot_the_env_and_the_cause():
+    where = f"of {FLAKY}"
+    # Process backend: a step and a reset that end their worker process every time are retried once, then fail.
+    kwargs = {"p_raise": 0.0, "exit_seeds": [5]}
+    with EnvPool(FLAKY, num_slots=3, num_workers=1, backend="process", env_kwargs=kwargs) as pool:
+        assert pool.submit_reset(2, None).result()[0].startswith("start")  # unseeded: cannot be replayed
+        pool.submit_reset(0, 5).result()
+        _, _, terminated, _, info = pool.submit_step(0, GO).result()
+        assert terminated and info["failed"]
+        assert info["error"] == (
+            f"step on slot 0 {where} failed twice, on the worker it was sent to and on a fresh one (retried once): "
+            "the worker process exited with code 3 while running step, again; the env is rebuilt on the next reset"
+        ), info["error"]
+        _, _, terminated, _, info = pool.submit_step(2, GO).result()  # its env died with the first worker
+        assert terminated and info["failed"]
+        assert info["error"].startswith(
+            f"step on slot 2 {where}: no live env: its worker process was replaced ("
+        )
+        assert "cannot be rebuilt (it was reset without a seed" in info["error"]
+        assert pool.stats()["retries"] == 1
+    with EnvPool(
+        FLAKY, num_slots=2, num_workers=1, backend="process", env_kwargs={**kwargs, "exit_on": "reset"}
+    ) as pool:
+        obs, info = pool.submit_reset(1, 5).result()
+        assert info["failed"] and (obs, info["task_id"]) == ("", "")  # the reset-failure contract
+        assert info["error"].startswith(
+            f"reset on slot 1 {where} failed twice, on the worker it was sent to and on a fresh one (retried "
+            "once): the worker process exited with code 3 while running reset, again"
+        ), info["error"]
+    # An env whose observations differ between processes: the replay notices instead of playing on.
+    kwargs = {"p_raise": 0.0, "exit_seeds": [5], "pid_in_obs": True}
+    with EnvPool(FLAKY, num_slots=2, num_workers=1, backend="process", env_kwargs=kwargs) as pool:
+        pool.submit_reset(0, 7).result()
+        assert pool.submit_step(0, GO).result()[0].startswith("pos 1 in process")
+        pool.submit_reset(1, 5).result()
+        assert pool.submit_step(1, GO).result()[-1]["failed"]  # kills the worker (twice)
+        info = pool.submit_step(0, GO).result()[-1]
+        assert info["error"].startswith(
+            f"step on slot 0 {where}: replaying the episode on the restarted worker (reset seed 7, 1 replies) "
+            "gave another observation than the lost env had"
+        ), info["error"]
+    # Thread backend: an env that raises (the exception, its message and where), a hang, a step without an env.
+    kwargs = {"p_raise": 1.0, "hang_seeds": [3], "hang_s": 2.0}
+    with EnvPool(FLAKY, num_slots=2, num_workers=1, env_kwargs=kwargs, timeout_s=0.3) as pool:
+        pool.submit_reset(0, 1).result()
+        info = pool.submit_step(0, GO).result()[-1]
+        assert re.fullmatch(
+            rf"step on slot 0 {re.escape(where)} raised RuntimeError: flaky failure at seed 1 pos 0 "
+            r"\(at test_env_pool\.py:\d+ in _step\)",
+            info["error"],
+        ), info["error"]
+        info = pool.submit_step(0, GO).result()[-1]
+        assert info["error"].startswith(f"step on slot 0 {where}: no live env")
+        pool.submit_reset(1, 3).result()
+        info = pool.submit_step(1, GO).result()[-1]
+        assert info["error"].startswith(f"step on slot 1 {where} timed out after 0.3 s")
 
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
