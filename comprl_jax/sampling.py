@@ -101,7 +101,8 @@ class SamplerService:
       pad_id: filler id for padding (inputs and outputs).
       mesh: optional device mesh; batch rows are sharded over its ``batch`` axes.
       extend_fn / init_cache_fn: the model layer's ``extend`` / ``init_cache`` (defaults:
-        ``comprl_jax.models.decoder``); tests may pass a stand-in with the same signature.
+        ``comprl_jax.models.decoder``); another model layer may pass its own with the same signature
+        (``extend(graphdef, params, cache, tokens, num_new, logits_at) -> ([B, V] logits, cache)``).
       wrap: optional decorator for the traced function (tests: ``chex.assert_max_traces(n=...)``).
     """
 
