@@ -176,10 +176,14 @@ def test_k_quants_match_ggml_reference(name, ref, tmp_path):
 
 
 # ----- whole models ---------------------------------------------------------------------------------------------
-def write_model_gguf(path, cfg: ModelConfig, params, qtypes: dict[str, str] | None = None) -> str:
+def write_model_gguf(
+    path, cfg: ModelConfig, params, qtypes: dict[str, str] | None = None, extra_kv: dict | None = None
+) -> str:
     """Writes our decoder params as a llama.cpp-style GGUF (``[out, in]`` tensors, llama q/k permuted).
 
-    ``qtypes``: our parameter name -> GGUF type name for some tensors (default F32).
+    ``qtypes``: our parameter name -> GGUF type name for some tensors (default F32). ``cfg.rope_scaling`` is
+    written as llama.cpp's ``convert_hf_to_gguf.py`` writes a HF ``rope_scaling`` (YaRN's beta_fast, beta_slow and
+    attention_factor as ``yarn_*`` keys); ``extra_kv``: more float32 keys (``{arch}`` filled in).
     """
     qtypes = qtypes or {}
     a = cfg.arch
@@ -196,6 +200,21 @@ def write_model_gguf(path, cfg: ModelConfig, params, qtypes: dict[str, str] | No
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+    scaling = cfg.rope_scaling_dict
+    if scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+        w.add_rope_scaling_factor(scaling["factor"])
+        if "original_max_position_embeddings" in scaling:
+            w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        for hf_key, add in (
+            ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+            ("attention_factor", w.add_rope_scaling_yarn_attn_factor),
+        ):
+            if scaling.get(hf_key) is not None:
+                add(scaling[hf_key])
+    for key, value in (extra_kv or {}).items():
+        w.add_float32(key.format(arch=a), value)
     vals = _values(params)
 
     def put(name: str, ours: str, x: np.ndarray):
@@ -298,6 +317,87 @@ def test_llama_file_matches_transformers_model(tmp_path, monkeypatch):
     _, graphdef, raw = load_gguf(path)
     wrong = np.asarray(jax.jit(D.forward, static_argnums=0)(graphdef, raw, tokens, pos, np.ones_like(tokens)))
     assert np.abs(wrong - ref).max() > 0.1
+
+
+def test_yarn_file_matches_the_safetensors_model(tmp_path, monkeypatch):
+    """A Qwen2 with YaRN (beta_fast, beta_slow, attention_factor set) saved by transformers, loaded from its
+    safetensors, written as llama.cpp's converter would, and loaded from the GGUF: same config, and the GGUF model's
+    logits match transformers' over 96 positions (3x the original 32-token context)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from comprl_jax.models.hf_io import load_hf
+
+    torch.manual_seed(1)
+    yarn = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 8.0,
+        "beta_slow": 2.0,
+        "attention_factor": 0.75,
+        "rope_theta": 10000.0,
+    }  # fmt: skip  (values exact in float32, as GGUF stores them)
+    hf_cfg = transformers.Qwen2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=2.0**-20, tie_word_embeddings=False,
+        rope_parameters=yarn,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.15) if p.ndim == 2 else p.uniform_(0.8, 1.2)
+    model.save_pretrained(tmp_path / "hf")
+    cfg, _, params = load_hf(str(tmp_path / "hf"))
+    assert {k: v for k, v in cfg.rope_scaling_dict.items() if k in yarn} == {
+        k: v for k, v in yarn.items() if k != "rope_theta"
+    }
+    path = write_model_gguf(tmp_path / "yarn.gguf", cfg, params)
+    fields = gguf.GGUFReader(path).fields
+    assert fields["qwen2.rope.scaling.yarn_beta_fast"].contents() == 8.0
+    assert fields["qwen2.rope.scaling.yarn_attn_factor"].contents() == 0.75
+    gcfg, graphdef, gparams = load_gguf(path)
+    assert gcfg == cfg
+    tokens = np.random.default_rng(1).integers(0, 256, size=(2, 96)).astype(np.int32)
+    pos = np.broadcast_to(np.arange(96, dtype=np.int32), (2, 96))
+    forward = jax.jit(D.forward, static_argnums=0)
+    ours = np.asarray(forward(graphdef, gparams, tokens, pos, np.ones_like(tokens)))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(tokens)).logits.numpy()
+    assert np.abs(ours - ref).max() <= 1e-4
+    # Reading only type / factor / original context (as before) is another model: HF's default betas (32, 1) and
+    # attention factor (0.1 ln 4 + 1 = 1.139).
+    monkeypatch.setattr(gguf_io, "_YARN_KEYS", {})
+    _, graphdef, gparams = load_gguf(path)
+    dropped = np.asarray(forward(graphdef, gparams, tokens, pos, np.ones_like(tokens)))
+    assert np.abs(dropped - ref).max() > 0.5
+
+
+def test_yarn_keys_that_change_the_math_are_refused(tmp_path):
+    cfg = ModelConfig.tiny(  # float32-exact values: GGUF stores float32
+        "qwen3",
+        tie_word_embeddings=True,
+        rope_scaling=(("factor", 2.0), ("rope_type", "yarn")),
+        rms_norm_eps=2.0**-17,
+    )
+    _, params = D.init_decoder(cfg, seed=6)
+    ok = {"{arch}.rope.scaling.yarn_ext_factor": 1.0, "{arch}.rope.scaling.yarn_log_multiplier": 0.0}
+    assert read_gguf_config(write_model_gguf(tmp_path / "ok.gguf", cfg, params, extra_kv=ok)) == cfg
+    for key, value in (("yarn_ext_factor", 0.5), ("yarn_log_multiplier", 0.1)):
+        path = write_model_gguf(
+            tmp_path / f"{key}.gguf", cfg, params, extra_kv={f"{{arch}}.rope.scaling.{key}": value}
+        )
+        with pytest.raises(
+            ValueError, match=rf"{key}\.gguf: GGUF metadata key 'qwen3\.rope\.scaling\.{key}' = {value}"
+        ):
+            read_gguf_config(path)
+    linear = ModelConfig.tiny(
+        "qwen3", tie_word_embeddings=True, rope_scaling=(("factor", 2.0), ("rope_type", "linear"))
+    )
+    path = write_model_gguf(
+        tmp_path / "lin.gguf", linear, params, extra_kv={"{arch}.rope.scaling.yarn_beta_fast": 8.0}
+    )
+    with pytest.raises(ValueError, match=r"yarn_beta_fast'\] are set but rope\.scaling\.type is 'linear'"):
+        read_gguf_config(path)
 
 
 # ----- errors ---------------------------------------------------------------------------------------------------

@@ -115,6 +115,57 @@ def _fields(reader) -> dict:
     return out
 
 
+# ``{arch}.rope.scaling.yarn_*`` -> the HF ``rope_scaling`` key (llama.cpp's convert_hf_to_gguf.py writes them from
+# these HF keys; ``yarn_attn_factor`` comes from "attention_factor").
+_YARN_KEYS = {
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+    "yarn_attn_factor": "attention_factor",
+}
+
+
+def _rope_scaling(meta: dict, a: str, path: str) -> tuple | None:
+    """``ModelConfig.rope_scaling`` items from the ``{arch}.rope.scaling.*`` keys; keys that would change the rotary
+    embedding in a way HF's YaRN (``layers.rope_inv_freq``) does not model are rejected, never dropped."""
+    kind = meta.get(a + "rope.scaling.type", "none")
+    if kind not in ("none", "linear", "yarn"):
+        raise ValueError(f"{path}: {a}rope.scaling.type={kind!r} is not supported (none, linear, yarn)")
+    # A rotary attention factor outside YaRN (llama.cpp reads it for a few architectures): not modelled here.
+    attn = float(meta.get(a + "rope.scaling.attn_factor", 1.0))
+    if attn != 1.0:
+        raise ValueError(
+            f"{path}: GGUF metadata key {a + 'rope.scaling.attn_factor'!r} = {attn} is not supported"
+        )
+    if kind == "none":
+        return None
+    if a + "rope.scaling.factor" not in meta:
+        raise ValueError(f"{path}: GGUF metadata key {a + 'rope.scaling.factor'!r} is missing")
+    items: dict = {"rope_type": kind, "factor": float(meta[a + "rope.scaling.factor"])}
+    if a + "rope.scaling.original_context_length" in meta:
+        items["original_max_position_embeddings"] = int(meta[a + "rope.scaling.original_context_length"])
+    present = sorted(k for k in meta if k.startswith(a + "rope.scaling.yarn_"))
+    if kind != "yarn" and present:
+        raise ValueError(f"{path}: GGUF metadata keys {present} are set but rope.scaling.type is {kind!r}")
+    for gguf_key, hf_key in _YARN_KEYS.items():
+        if a + "rope.scaling." + gguf_key in meta:
+            items[hf_key] = float(meta[a + "rope.scaling." + gguf_key])
+    # The extrapolation mix (llama.cpp's ext_factor; HF's YaRN has none, i.e. 1) and the log multiplier of the
+    # attention factor (DeepSeek's mscale_all_dim; 0 = off, llama.cpp's default) change the math: refuse them.
+    ext = meta.get(a + "rope.scaling.yarn_ext_factor")
+    if ext is not None and float(ext) != 1.0:
+        raise ValueError(
+            f"{path}: GGUF metadata key {a + 'rope.scaling.yarn_ext_factor'!r} = {float(ext)} is not supported (only "
+            "1, HF's YaRN); load the model's HF folder instead"
+        )
+    log_mul = meta.get(a + "rope.scaling.yarn_log_multiplier")
+    if log_mul is not None and float(log_mul) != 0.0:
+        raise ValueError(
+            f"{path}: GGUF metadata key {a + 'rope.scaling.yarn_log_multiplier'!r} = {float(log_mul)} is not "
+            "supported (a log-scaled YaRN attention factor); load the model's HF folder instead"
+        )
+    return tuple(sorted(items.items()))
+
+
 def config_from_gguf(meta: dict, tensor_names: set[str], path: str = "", **overrides) -> ModelConfig:
     """``ModelConfig`` from GGUF metadata (``general.architecture`` and its ``{arch}.*`` keys).
 
@@ -153,15 +204,7 @@ def config_from_gguf(meta: dict, tensor_names: set[str], path: str = "", **overr
             f"{path}: tensor 'rope_freqs.weight' (llama3-style frequency factors) is not supported; load the "
             "HF folder instead (its config.json rope_scaling is)"
         )
-    scaling = None
-    kind = meta.get(a + "rope.scaling.type", "none")
-    if kind not in ("none", "linear", "yarn"):
-        raise ValueError(f"{path}: {a}rope.scaling.type={kind!r} is not supported (none, linear, yarn)")
-    if kind != "none":
-        items = {"rope_type": kind, "factor": float(need(a + "rope.scaling.factor"))}
-        if a + "rope.scaling.original_context_length" in meta:
-            items["original_max_position_embeddings"] = int(meta[a + "rope.scaling.original_context_length"])
-        scaling = tuple(sorted(items.items()))
+    scaling = _rope_scaling(meta, a, path)
     if "token_embd.weight" not in tensor_names:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
     vocab = need(
