@@ -156,42 +156,144 @@ def device_memory_mb() -> float | None:
     return stats.get("bytes_in_use", 0) / 2**20
 
 
-def plot_curves(
-    runs: Mapping[str, str],
-    out_png: str,
-    keys: tuple[str, ...] = ("success", "actions_per_episode"),
-    smooth: int = 5,
-) -> str:
-    """One panel per metric key, one line per run (like the paper's Fig. 6-7: baseline vs Complementary RL).
+# Panels of curves.png: (title, [(metric key, line style)], y label). The first two are the paper's comparison
+# (Fig. 6-7: success, and the guided half against the free half); then what the method changes over training.
+PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
+    ("success", (("success", "-"),), "success rate"),
+    (
+        "success: guided (solid) vs free (dashed) half",
+        (("success/guided", "-"), ("success/free", "--")),
+        "success rate",
+    ),
+    ("actions per episode", (("actions_per_episode", "-"),), "actions"),
+    ("experience bank size", (("bank/size", "-"),), "entries"),
+    ("extractor reward (steps with an update)", (("extractor/reward_mean", "-"),), "mean entry reward"),
+    ("invalid actions per episode", (("invalid_per_episode", "-"),), "invalid actions"),
+)
+
+
+def smooth(values, window: int) -> np.ndarray:
+    """Trailing moving average over logged points: ``out[i] = mean(values[max(0, i - window + 1) : i + 1])``
+    (the first points average what exists, so the curve starts at the first step). ``[N] -> [N]``."""
+    v = np.asarray(values, dtype=np.float64)
+    if window <= 1 or v.size == 0:
+        return v
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    idx = np.arange(v.size)
+    lo = np.maximum(0, idx - window + 1)
+    return (c[idx + 1] - c[lo]) / (idx + 1 - lo)
+
+
+def seed_curve(series, window: int) -> dict[str, np.ndarray] | None:
+    """Seeds of one method as one curve: each seed smoothed, then, per step, the mean over the seeds that logged
+    it and the standard error (sample std (n - 1) / sqrt(n); NaN where fewer than two seeds).
 
     Args:
-      runs: label -> metrics.jsonl path.
-      out_png: output path.
-      smooth: moving-average window over steps.
+      series: per seed, ``(steps [N_i], values [N_i])``.
+    Returns:
+      ``{"steps", "mean", "stderr", "raw", "n"}``, each ``[S]`` over the union of the seeds' steps (``raw``: the
+      unsmoothed mean over seeds), or None when no seed logged the metric.
     """
+    series = [(np.asarray(s), np.asarray(v, dtype=np.float64)) for s, v in series if len(s)]
+    if not series:
+        return None
+    steps = np.unique(np.concatenate([s for s, _ in series]))
+    smoothed = np.full((len(series), steps.size), np.nan)
+    raw = np.full((len(series), steps.size), np.nan)
+    for i, (s, v) in enumerate(series):
+        pos = np.searchsorted(steps, s)
+        smoothed[i, pos] = smooth(v, window)
+        raw[i, pos] = v
+    n = np.sum(~np.isnan(smoothed), axis=0)
+    mean = np.nanmean(smoothed, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.sqrt(np.nansum((smoothed - mean) ** 2, axis=0) / (n - 1))
+        stderr = np.where(n >= 2, std / np.sqrt(n), np.nan)
+    return {"steps": steps, "mean": mean, "stderr": stderr, "raw": np.nanmean(raw, axis=0), "n": n}
+
+
+def _series(path: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [r for r in read_jsonl(path) if key in r]
+    return np.array([r["step"] for r in rows]), np.array([r[key] for r in rows], dtype=np.float64)
+
+
+def curves_figure(runs: Mapping[str, str | Iterable[str]], smooth_window: int = 5, panels=PANELS):
+    """The figure of :func:`plot_curves` (returned for inspection; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=False):
-        for label, path in runs.items():
-            rows = [r for r in read_jsonl(path) if key in r]
-            if not rows:
-                continue
-            steps = np.array([r["step"] for r in rows])
-            vals = np.array([r[key] for r in rows], dtype=np.float64)
-            if smooth > 1 and len(vals) >= smooth:
-                kernel = np.ones(smooth) / smooth
-                vals = np.convolve(vals, kernel, mode="valid")
-                steps = steps[smooth - 1 :]
-            ax.plot(steps, vals, label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
+    groups = {label: [paths] if isinstance(paths, str) else list(paths) for label, paths in runs.items()}
+    cols = 3
+    rows_n = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.2 * cols, 3.7 * rows_n), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (title, keys, ylabel) in zip(axes.flat, panels, strict=False):
+        drawn = False
+        for g, (label, paths) in enumerate(groups.items()):
+            color = colors[g % len(colors)]
+            for key, style in keys:
+                cur = seed_curve([_series(p, key) for p in paths], smooth_window)
+                if cur is None:
+                    continue
+                drawn = True
+                n_seeds = len(paths)
+                name = label + (f" ({n_seeds} seeds, mean ± s.e.)" if n_seeds > 1 else "")
+                if len(keys) > 1:
+                    name += f" {key.split('/')[-1]}"
+                # Raw points faint behind the smoothed line; seeds as a band.
+                ax.plot(
+                    cur["steps"],
+                    cur["raw"],
+                    style,
+                    color=color,
+                    alpha=0.25,
+                    lw=0.8,
+                    marker=".",
+                    ms=3,
+                    zorder=1,
+                )
+                ax.plot(cur["steps"], cur["mean"], style, color=color, lw=1.8, label=name, zorder=3)
+                if np.any(np.isfinite(cur["stderr"])):
+                    ax.fill_between(
+                        cur["steps"],
+                        cur["mean"] - cur["stderr"],
+                        cur["mean"] + cur["stderr"],
+                        color=color,
+                        alpha=0.2,
+                        lw=0,
+                        zorder=2,
+                    )
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(
+            f"step  (lines: mean of the last {smooth_window} logged points; faint: raw)", fontsize=8
+        )
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(runs: Mapping[str, str | Iterable[str]], out_png: str, smooth: int = 5, panels=PANELS) -> str:
+    """Training curves (the paper's Fig. 6-7 comparison): success, guided vs free half, actions per episode,
+    bank size, extractor reward, invalid actions.
+
+    Args:
+      runs: label (e.g. the method) -> a metrics.jsonl path, or the paths of several seeds (drawn as their mean
+        with a mean ± standard error band). Methods share the axes.
+      out_png: output path.
+      smooth: trailing moving-average window, in logged points (written on every x axis).
+    """
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(runs, smooth, panels)
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)

@@ -1,11 +1,12 @@
 """`make demo`: Complementary RL on MiniHack Room (Ultimate 5x5) with tiny models on this CPU.
 
-  python launch/demo.py --workdir=runs/demo [--steps=20]
+  python launch/demo.py --workdir=runs/demo [--steps=20] [--verbosity=0]
 
 Trains the `configs/minihack_room.py:tiny` config (tiny random-init actor and extractor, constrained actions and
 ops, a MiniLM retriever over the experience bank) for a fixed number of steps, evaluates on held-out levels with
 and without test-time experience, and prints where the metrics, TensorBoard logs, checkpoints and the plot are.
-Re-running resumes from runs/demo (delete it, or `make clean`, to start over).
+Re-running resumes from runs/demo (delete it, or `make clean`, to start over). Library logs are quiet: the
+progress bar, the end-of-run summary and errors are what it prints (--verbosity=0 shows every INFO log).
 
 What to expect: tiny random-init models do not learn Room-Ultimate in minutes (its random-policy success is about
 0.45 at 30 turns, lower at the tiny config's 10 turns); the demo shows the whole pipeline running end to end --
@@ -13,51 +14,69 @@ rollouts, retrieval, distillation into the bank, merges, actor and extractor upd
 paper's effect, which needs a pretrained model (`:smollm`, ideally on a GPU).
 """
 
+import importlib.util
 import os
 import time
 
-from absl import app, flags
+from absl import flags
+
+from comprl_jax import launch_utils as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "run directory")
 _STEPS = flags.DEFINE_integer("steps", 20, "training steps")
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def main(argv):
-    del argv
-    t0 = time.time()
-    import importlib.util
 
-    from comprl_jax import trainer
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def demo_config(steps: int):
     spec = importlib.util.spec_from_file_location(
-        "minihack_room", os.path.join(repo, "configs", "minihack_room.py")
+        "minihack_room", os.path.join(REPO, "configs", "minihack_room.py")
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     config = mod.get_config("tiny")
-    config.train.steps = _STEPS.value
+    config.train.steps = steps
     config.train.eval_tasks = 4
+    return config
+
+
+def main(argv):
+    del argv
+    lu.configure_logging(lu.flag_verbosity())
+    t0 = time.time()
+    from comprl_jax.config import validate
+
+    config = demo_config(_STEPS.value)
+    validate(config)
     workdir = os.path.abspath(_WORKDIR.value)
+    undo = lu.prepare_workdir(workdir)
     print(
         f"[demo] Complementary RL, {config.env.tasks[0]}, tiny models, {config.train.steps} steps -> {workdir}"
     )
-    out = trainer.run(config, workdir)
+    try:
+        from comprl_jax import trainer
+        from comprl_jax.tables import eval_table
+
+        out = trainer.run(config, workdir)
+    except BaseException:
+        lu.undo_workdir(workdir, undo)
+        raise
     last = out["last_metrics"]
+    nan = float("nan")
     print(f"\n[demo] done in {(time.time() - t0) / 60:.1f} min")
     print(
-        f"[demo] last step: success {last.get('success', float('nan')):.3f} "
-        f"(guided {last.get('success/guided', float('nan')):.3f}, free {last.get('success/free', float('nan')):.3f}), "
-        f"actions/episode {last.get('actions_per_episode', float('nan')):.2f}, "
-        f"bank size {int(last.get('bank/size', 0))}"
+        f"[demo] last step ({int(last.get('step', out['step'] - 1))}): success {last.get('success', nan):.3f} "
+        f"(guided {last.get('success/guided', nan):.3f}, free {last.get('success/free', nan):.3f}), "
+        f"actions/episode {last.get('actions_per_episode', nan):.2f}, "
+        f"bank size {int(last['bank/size']) if 'bank/size' in last else '-'}"
     )
-    if "eval" in out:
-        print(f"[demo] held-out eval: {out['eval']}")
+    if out.get("eval"):
+        print("[demo] held-out levels:\n" + eval_table(out["eval"]))
     print(f"[demo] metrics:     {os.path.join(workdir, 'metrics.jsonl')}")
-    print(f"[demo] tensorboard: tensorboard --logdir {os.path.join(workdir, 'tb')}")
+    print(f"[demo] tensorboard: {lu.tensorboard_command(os.path.join(workdir, 'tb'))}")
     print(f"[demo] checkpoints: {os.path.join(workdir, 'checkpoints')}")
     print(f"[demo] plot:        {os.path.join(workdir, 'curves.png')}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    lu.run(main, lambda: _WORKDIR.value)

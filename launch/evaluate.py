@@ -2,46 +2,71 @@
 
   python launch/evaluate.py --workdir=runs/room_tiny [--tasks=16]
 
-Reads the run's config from <workdir>/config.json, restores the newest readable checkpoint, and writes
-<workdir>/eval.json ({"with_exp": {env_id: score}, "without_exp": {...}}), the input of launch/make_tables.py.
+Reads the run's config from <workdir>/config.json, restores the newest readable checkpoint, prints the held-out
+success table and writes <workdir>/eval.json, the input of launch/make_tables.py:
+  {"without_exp": {LABEL: {"env_id", "split", "success", "episodes", "infra_failed", "mean_reward"}},
+   "with_exp": {...}}   (with_exp only for runs with experience; LABEL = env id, or "<env_id>@<split>")
 """
 
 import json
 import os
 
-import ml_collections
-from absl import app, flags
+from absl import flags
+
+from comprl_jax import launch_utils as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory written by launch/train.py")
 _TASKS = flags.DEFINE_integer("tasks", 0, "held-out tasks per env (0 = the config's train.eval_tasks)")
-flags.mark_flag_as_required("workdir")
 
 
 def main(argv):
     del argv
+    lu.configure_logging(lu.flag_verbosity())
+    if not _WORKDIR.value:
+        raise lu.LaunchError(
+            "--workdir is required", "e.g. --workdir=runs/x (a run written by launch/train.py)"
+        )
+    workdir = _WORKDIR.value
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise lu.LaunchError(
+            f"{path} not found", "--workdir must be a run directory written by launch/train.py"
+        )
+    if lu.latest_checkpoint_step(workdir) is None:
+        raise lu.LaunchError(
+            f"no checkpoint under {os.path.join(workdir, 'checkpoints')}",
+            "train first: launch/train.py --config=... --workdir=" + workdir,
+            lu.RUN_EXIT,
+        )
+    import ml_collections
+
+    from comprl_jax.tables import eval_table
     from comprl_jax.trainer import Trainer
 
-    path = os.path.join(_WORKDIR.value, "config.json")
-    if not os.path.exists(path):
-        raise app.UsageError(
-            f"{path} not found: --workdir must be a run directory written by launch/train.py"
-        )
     with open(path) as f:
         config = ml_collections.ConfigDict(json.load(f))
-    tr = Trainer(config, _WORKDIR.value)
+    tr = Trainer(config, workdir)
     try:
         if not tr.restore():
-            raise app.UsageError(f"no checkpoint under {_WORKDIR.value}/checkpoints")
+            raise lu.LaunchError(
+                f"no readable checkpoint under {os.path.join(workdir, 'checkpoints')}",
+                "the log lines above say why each step was skipped",
+                lu.RUN_EXIT,
+            )
         n = _TASKS.value or config.train.eval_tasks
         ev = {"without_exp": tr.evaluate(n, with_experience=False)}
         if tr.track is not None:
             ev["with_exp"] = tr.evaluate(n, with_experience=True)
     finally:
         tr.close()
-    with open(os.path.join(_WORKDIR.value, "eval.json"), "w") as f:
+    tmp = os.path.join(workdir, "eval.json.tmp")
+    with open(tmp, "w") as f:  # atomic: make_tables never reads a torn file
         json.dump(ev, f, indent=2)
-    print(json.dumps(ev))
+    os.replace(tmp, os.path.join(workdir, "eval.json"))
+    print(f"step {tr.step}, {n} held-out tasks per env:")
+    print(eval_table(ev))
+    print(f"written: {os.path.join(workdir, 'eval.json')}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    lu.run(main, lambda: _WORKDIR.value)

@@ -1,78 +1,236 @@
-"""make_tables: Table 1 layout from run directories, ours beside the paper's."""
+"""make_tables (issue 16.8): runs grouped by (experiment, method), seeds averaged with their spread and count,
+single-task runs in their own table, every run's placement printed; the eval table of train.py/demo.py (16.10)."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+from trainer_helpers import REPO
 
-from comprl_jax.tables import TABLE1_ENVS, load_run, table1
+from comprl_jax.tables import (
+    TABLE1_ENVS,
+    eval_table,
+    load_run,
+    mean_se,
+    normalize_eval,
+    placements,
+    report,
+    single_task_table,
+    table1,
+)
+
+ROOM, WEBSHOP, ALFWORLD = TABLE1_ENVS
 
 
-def _run(tmp_path, name, method, ev):
+def _entry(env, success, episodes=8, infra=0, split="eval"):
+    return {
+        "env_id": env,
+        "split": split,
+        "success": success,
+        "episodes": episodes,
+        "infra_failed": infra,
+        "mean_reward": 0.0,
+    }
+
+
+def _run(tmp_path, name, method, ev, experiment="multitask3", tasks=TABLE1_ENVS, seed=0, model="tiny"):
     d = tmp_path / name
     d.mkdir()
-    (d / "config.json").write_text(
-        json.dumps({"method": method, "experiment": "multitask3", "env": {"tasks": list(TABLE1_ENVS)}})
-    )
+    cfg = {"method": method, "experiment": experiment, "seed": seed, "env": {"tasks": list(tasks)}}
+    cfg["actor"] = {"model": model}
+    (d / "config.json").write_text(json.dumps(cfg))
     if ev is not None:
         (d / "eval.json").write_text(json.dumps(ev))
     return str(d)
 
 
-def test_table1_rows_and_average(tmp_path):
-    crl = _run(
-        tmp_path,
-        "crl",
-        "complementary",
-        {
-            "with_exp": dict(zip(TABLE1_ENVS, [0.5, 0.6, 0.7], strict=False)),
-            "without_exp": dict(zip(TABLE1_ENVS, [0.4, 0.5, 0.6], strict=False)),
-        },
+def _ev(mode_values: dict) -> dict:
+    """{mode: [success per Table-1 env]} -> eval.json in the current format."""
+    return {
+        m: {e: _entry(e, v) for e, v in zip(TABLE1_ENVS, vals, strict=True)}
+        for m, vals in mode_values.items()
+    }
+
+
+def test_mean_se_hand_computed():
+    # 0.5, 0.6, 0.7: mean 0.6, sample sd 0.1, se 0.1 / sqrt(3) = 0.0577
+    mean, se, n = mean_se([0.5, 0.6, 0.7])
+    assert (round(mean, 12), round(se, 4), n) == (0.6, 0.0577, 3)
+    assert mean_se([0.25]) == (0.25, None, 1)
+    assert mean_se([None]) is None
+
+
+def test_table1_averages_seeds_and_keeps_the_old_format(tmp_path):
+    runs = [
+        load_run(_run(tmp_path, f"crl{s}", "complementary", _ev({"with_exp": v, "without_exp": v}), seed=s))
+        for s, v in enumerate([[0.5, 0.6, 0.7], [0.6, 0.6, 0.7], [0.7, 0.6, 0.7]])
+    ]
+    # an older run: {mode: {env_id: score}}
+    old = _run(
+        tmp_path, "base", "baseline", {"without_exp": dict(zip(TABLE1_ENVS, [0.4, 0.5, 0.6], strict=True))}
     )
-    base = _run(tmp_path, "base", "baseline", None)
-    text = table1([load_run(crl), load_run(base)])
+    runs.append(load_run(old))
+    text = table1(runs)
+    # Room: 0.5/0.6/0.7 -> 0.60 ± 0.06 (3); WebShop 0.6 x3 -> se 0; per-seed averages 0.6, 0.633, 0.667
+    # -> mean 0.633, sd 0.0333, se 0.0192
     assert (
-        "| Complementary RL (eval with exp.) | 0.50 / 0.78 | 0.60 / 0.87 | 0.70 / 0.82 | 0.60 / 0.82 |"
-        in text
+        "| Complementary RL (eval with exp.) | 0.60 ± 0.06 (3) / 0.78 | 0.60 ± 0.00 (3) / 0.87 | "
+        "0.70 ± 0.00 (3) / 0.82 | 0.63 ± 0.02 (3) / 0.82 |" in text
     )
-    assert "| Baseline | - / 0.68 | - / 0.81 | - / 0.72 | - / 0.75 |" in text  # the paper prints 0.75
+    assert "| Baseline | 0.40 (1) / 0.68 | 0.50 (1) / 0.81 | 0.60 (1) / 0.72 | 0.50 (1) / 0.75 |" in text
+    assert "| Exp. Only | - / 0.49 | - / 0.37 | - / 0.13 | - / 0.33 |" in text
+    assert runs[-1]["old_format"] and not runs[0]["old_format"]
+
+
+def test_single_task_runs_get_their_own_table_and_every_run_is_placed(tmp_path):
+    room = (ROOM,)
+    mt = [load_run(_run(tmp_path, "mt", "complementary", _ev({"with_exp": [0.5, 0.5, 0.5]})))]
+    single = [
+        load_run(
+            _run(
+                tmp_path,
+                f"room_crl{s}",
+                "complementary",
+                {"with_exp": {ROOM: _entry(ROOM, v, infra=1)}, "without_exp": {ROOM: _entry(ROOM, v - 0.1)}},
+                experiment="minihack_room",
+                tasks=room,
+                seed=s,
+            )
+        )
+        for s, v in enumerate([0.6, 0.8])
+    ]
+    base = load_run(
+        _run(
+            tmp_path,
+            "room_base",
+            "baseline",
+            {"without_exp": {ROOM: _entry(ROOM, 0.5)}},
+            experiment="minihack_room",
+            tasks=room,
+        )
+    )
+    pending = load_run(
+        _run(tmp_path, "room_new", "complementary", None, experiment="minihack_room", tasks=room, seed=2)
+    )
+    runs = mt + single + [base, pending]
+    t1 = table1(runs)
+    assert "| Complementary RL (eval with exp.) | 0.50 (1) / 0.78 |" in t1  # the single-task runs stay out
+    st = single_task_table(runs)
+    # with exp.: 0.6, 0.8 (and a run without eval.json) -> 0.70 ± 0.10 (2); 16 episodes, 2 infra failures;
+    # 0.70 / 0.50 (baseline) = 1.40x, the paper's ≈1.3x beside it
+    assert (
+        "| minihack_room | MiniHack-Room-Ultimate-5x5-v0 | complementary | with exp. | 0.70 ± 0.10 (2) | 16 | 2 "
+        "| 1.40 / ≈1.3 |" in st
+    )
+    assert (
+        "| minihack_room | MiniHack-Room-Ultimate-5x5-v0 | baseline | without exp. | 0.50 (1) | 8 | 0 | - / - |"
+        in st
+    )
+    where = placements(runs).splitlines()
+    assert where[0].startswith(
+        f"- {tmp_path / 'mt'} -> Table 1: multitask3 / complementary (3 tasks, tiny), seed 0"
+    )
+    assert where[1].startswith(
+        f"- {tmp_path / 'room_crl0'} -> single-task table: minihack_room / complementary (1 task, tiny), seed 0, "
+        "3 runs in the group; 16 eval episodes, 1 infra failures"
+    )
+    assert any(
+        w.startswith(f"- {tmp_path / 'room_new'} -> single-task table") and "no eval.json yet" in w
+        for w in where
+    )
+    assert len(where) == len(runs)
+    text = report(runs)
+    assert text.index("## Table 1") < text.index("## Single-task runs") < text.index("## Runs (where")
+
+
+def test_models_are_not_averaged_together(tmp_path):
+    a = load_run(_run(tmp_path, "a", "complementary", _ev({"with_exp": [1, 1, 1]}), model="tiny"))
+    b = load_run(
+        _run(tmp_path, "b", "complementary", _ev({"with_exp": [0, 0, 0]}), model="smollm2_135m_instruct")
+    )
+    text = table1([a, b])
+    assert "| Complementary RL (eval with exp.) [tiny] | 1.00 (1) / 0.78 |" in text
+    assert "| Complementary RL (eval with exp.) [smollm2_135m_instruct] | 0.00 (1) / 0.78 |" in text
+
+
+def test_normalize_eval_reads_both_formats():
+    new = {"without_exp": {f"{ALFWORLD}@valid_seen": _entry(ALFWORLD, 0.25, split="valid_seen")}}
+    assert normalize_eval(new)["without_exp"][f"{ALFWORLD}@valid_seen"]["split"] == "valid_seen"
+    old = normalize_eval({"with_exp": {ROOM: 0.5}})
+    assert old["with_exp"][ROOM] == {
+        "env_id": ROOM,
+        "split": None,
+        "success": 0.5,
+        "episodes": None,
+        "infra_failed": None,
+        "mean_reward": None,
+        "old_format": True,
+    }
+
+
+def test_eval_table_is_aligned():
+    ev = {
+        "without_exp": {
+            ALFWORLD: _entry(ALFWORLD, 0.25, infra=1),
+            f"{ALFWORLD}@valid_seen": _entry(ALFWORLD, 0.5, split="valid_seen"),
+        },
+        "with_exp": {ALFWORLD: _entry(ALFWORLD, 0.375)},
+    }
+    assert eval_table(ev).splitlines() == [
+        "held-out eval                 |     with experience      |    without experience",
+        "env                           | success  episodes  infra | success  episodes  infra",
+        "comprl/ALFWorld-v0            |   0.375         8      0 |   0.250         8      1",
+        "comprl/ALFWorld-v0@valid_seen |       -         -      - |   0.500         8      0",
+    ]
+    assert eval_table({"without_exp": {ROOM: 0.5}}).splitlines()[-1] == f"{ROOM} |   0.500         -      -"
+    assert eval_table({}) == "held-out eval: no episodes"
 
 
 def test_missing_run_dir_names_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json not found"):
         load_run(str(tmp_path / "nope"))
+    r = subprocess.run(
+        [sys.executable, "launch/make_tables.py", f"--runs={tmp_path / 'nope'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[0] == (
+        f"error: {tmp_path / 'nope'}/config.json not found: is '{tmp_path / 'nope'}' a run directory written by "
+        "launch/train.py?"
+    )
 
 
-def test_cli_plots_runs_together(tmp_path):
+def test_cli_groups_seeds_and_plots_them_on_shared_axes(tmp_path):
     from comprl_jax.metrics import MetricsWriter
 
-    dirs = []
-    for name, method in (("crl", "complementary"), ("base", "baseline")):
-        d = _run(tmp_path, name, method, None)
+    for name, method, seed in (
+        ("crl0", "complementary", 0),
+        ("crl1", "complementary", 1),
+        ("base", "baseline", 0),
+    ):
+        d = _run(tmp_path, name, method, _ev({"without_exp": [0.5, 0.5, 0.5]}), seed=seed)
         w = MetricsWriter(d, tensorboard=False)
         for s in range(6):
-            w.write(s, {"success": s / 10, "actions_per_episode": 10 - s})
-        dirs.append(d)
+            w.write(s, {"success": s / 10, "actions_per_episode": 10 - s, "success/free": 0.1})
     out = subprocess.run(
         [
             sys.executable,
             "launch/make_tables.py",
-            f"--runs={','.join(dirs)}",
+            f"--runs={tmp_path}/*",
             f"--plot={tmp_path / 'fig.png'}",
+            "--smooth=2",
         ],
+        cwd=REPO,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    assert "plot:" in out and (tmp_path / "fig.png").stat().st_size > 1000
-
-
-def test_cli_prints_table(tmp_path):
-    crl = _run(
-        tmp_path, "crl", "complementary", {"with_exp": dict(zip(TABLE1_ENVS, [1, 1, 1], strict=False))}
+    assert "| Complementary RL (eval without exp.) | 0.50 ± 0.00 (2) / 0.75 |" in out
+    assert (
+        f"- {tmp_path / 'crl1'} -> Table 1: multitask3 / complementary (3 tasks, tiny), seed 1, 2 runs in the"
+        in out
     )
-    out = subprocess.run(
-        [sys.executable, "launch/make_tables.py", f"--runs={crl}"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "Table 1" in out and "1.00 / 0.78" in out
+    assert f"plot: {tmp_path / 'fig.png'}" in out and (tmp_path / "fig.png").stat().st_size > 1000
