@@ -2,6 +2,7 @@
 
 COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--repeats 3] [--only MiniHack] [--backend thread]
          .venv/bin/python launch/bench/envs.py --gil   (does NLE's step release the GIL? see ``gil_probe``)
+         .venv/bin/python launch/bench/envs.py --webshop [--split eval]   (WebShop quality figures, ``webshop_figures``)
 
 Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "repeats", "seq_steps_s",
 "pool_steps_s", "ratio", "ratios"}. Sequential and pool runs alternate ``repeats`` times (the machine's load moves
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import threading
@@ -200,6 +202,72 @@ def gil_probe(env_id: str = "comprl/MiniHack-Room-5x5-v0", seconds: float = 1.0)
     return records
 
 
+def _webshop_expert(env, seed: int, regex: re.Pattern) -> tuple[float, bool]:
+    """The expert episode of goal ``seed``: search the goal text, page to the goal product (else search its title),
+    click the goal's option values as the page shows them, buy. Returns (reward, whether every click it made is
+    an action the constrained-decoding regex can write)."""
+    env.reset(seed=seed)
+    goal = env.goal
+    asin = goal.asin.lower()
+    clicks = []
+
+    def act(action: str) -> dict:
+        if action.startswith("click["):
+            clicks.append(action)
+        return env.step(f"<answer>{action}</answer>")
+
+    info = act(f"search[{goal.instruction}]")[-1]
+    while (
+        f"click[{asin}]" not in info["admissible_actions"] and "click[next >]" in info["admissible_actions"]
+    ):
+        info = act("click[next >]")[-1]
+    if f"click[{asin}]" not in info["admissible_actions"]:
+        act("click[back to search]")
+        act(f"search[{env.catalogue.product(asin)['Title']}]")
+    act(f"click[{asin}]")
+    for value in goal.options:
+        act(f"click[{value}]")
+    _, reward, terminated, _, _ = act("click[buy now]")
+    assert terminated, goal.key
+    in_regex = all(regex.fullmatch(f"<answer>{' '.join(c.lower().split())}</answer>") for c in clicks)
+    return reward, in_regex
+
+
+def webshop_figures(split: str = "eval") -> dict:
+    """WebShop quality on a goal split: how often BM25 puts the goal product in the top 10 for the goal text, how
+    often the expert episode (``_webshop_expert``) earns reward 1 and can be written under constrained decoding,
+    and how often buying the goal product with one option swapped to another of its values still earns 1."""
+    from comprl_jax.envs.webshop import reward
+    from comprl_jax.envs.webshop.env import WebShopEnv
+
+    env = WebShopEnv(split=split, max_turns=50)
+    cat, goals = env.catalogue, env.goals
+    top10 = sum(cat.asin_to_index[g.asin] in cat.engine.search(g.instruction)[:10] for g in goals)
+    regex = re.compile(env.action_regex)
+    experts = [_webshop_expert(env, seed, regex) for seed in range(len(goals))]
+    wrong, wrong_full = 0, 0
+    for goal in goals:
+        product = cat.product(goal.asin)
+        names = sorted(product["options"])
+        for i, name in enumerate(names):
+            for value in product["options"][name]:
+                if value == goal.options[i]:
+                    continue
+                chosen = dict(zip(names, goal.options, strict=True)) | {name: value}
+                wrong += 1
+                wrong_full += reward.purchase_reward(product, goal, cat.prices[goal.asin], chosen)[0] >= 1.0
+    return {
+        "bench": "envs_webshop",
+        "split": split,
+        "goals": len(goals),
+        "search_top10": round(top10 / len(goals), 3),
+        "expert_purchase_rate": round(sum(r >= 1.0 for r, _ in experts) / len(goals), 3),
+        "expert_clicks_in_regex": round(sum(ok for _, ok in experts) / len(goals), 3),
+        "wrong_option_purchases": wrong,
+        "wrong_option_rate": round(wrong_full / max(wrong, 1), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -209,7 +277,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="substring filter on env ids")
     parser.add_argument("--backend", default="", help="only this backend (thread / process)")
     parser.add_argument("--gil", action="store_true", help="only the GIL probe of NLE's step / reset")
+    parser.add_argument("--webshop", action="store_true", help="only the WebShop quality figures")
+    parser.add_argument("--split", default="eval", help="WebShop goal split for --webshop")
     args = parser.parse_args()
+    if args.webshop:
+        print(json.dumps(webshop_figures(args.split)), flush=True)
+        return
     if args.gil:
         for rec in gil_probe():
             print(json.dumps(rec), flush=True)
