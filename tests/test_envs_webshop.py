@@ -138,8 +138,10 @@ def test_a_wrong_colour_never_scores_one():
             chosen = dict(zip(names, goal.options, strict=True)) | {"color": other}
             if any(reward.fuzzy(reward.normalize_color(v), want) > 85 for v in chosen.values()):
                 continue  # the same colour to WebShop, or another option already names it
-            r, _ = reward.purchase_reward(product, goal, cat.prices[goal.asin], chosen)
-            assert r < 1.0, (goal.key, goal.options, other)
+            assert reward.option_matches(goal, chosen) < len(goal.options), (goal.key, goal.options, other)
+            if checked % 10 == 0:  # the whole reward on a tenth of them (it costs ~1 ms a purchase)
+                r, _ = reward.purchase_reward(product, goal, cat.prices[goal.asin], chosen)
+                assert r < 1.0, (goal.key, goal.options, other)
             checked += 1
     assert checked > 5000, checked  # measured 9,606 wrong-colour purchases
 
