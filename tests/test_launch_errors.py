@@ -181,6 +181,17 @@ def test_print_config_final_values_with_comments():
     assert len(keys) == len(set(keys)) > 80 and keys[:3] == ["experiment", "seed", "method"]
 
 
+def test_readme_print_config_command_runs():
+    """README's --print_config line works as written (16.5: README points to it)."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        line = next(
+            ln for ln in f if ln.startswith(".venv/bin/python launch/train.py") and "--print_config" in ln
+        )
+    rc, err, out = _train(*line.split()[2:])
+    assert rc == 0, err
+    assert "actor.lr = 0.0003" in out.splitlines()
+
+
 def test_config_comments_parsed_from_source(tmp_path):
     src = tmp_path / "cfg.py"
     src.write_text(
