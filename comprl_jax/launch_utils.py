@@ -99,7 +99,12 @@ def _first_line_only(record: logging.LogRecord) -> bool:
 
 
 def _thread_exception_line(args) -> None:
+    """A library thread's exception in one line; one raised through this package's code keeps its traceback."""
     if args.exc_type is SystemExit:
+        return
+    frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback is not None else []
+    if any(f"{os.sep}comprl_jax{os.sep}" in f.filename for f in frames):
+        threading.__excepthook__(args)
         return
     name = args.thread.name if args.thread is not None else "?"
     print(
@@ -135,19 +140,19 @@ def describe(exc: BaseException, workdir: str | None = None) -> LaunchError | No
             where = getattr(e, "filename", None) or workdir or "the run directory"
             return LaunchError(
                 f"no space left on the device holding {where}",
-                "free some space and run the same command again: the run resumes from its last checkpoint",
+                "free some space and run the same command again (a run resumes from its last checkpoint)",
                 RUN_EXIT,
             )
     for e in _chain(exc):
         if isinstance(e, OSError) and e.errno in _NOT_WRITABLE:
             return LaunchError(
-                f"cannot write {e.filename or workdir}: {e.strerror}",
-                "choose a --workdir you can write to",
+                f"cannot access {e.filename or workdir}: {e.strerror}",
+                "check that path's permissions (a --workdir must be writable)",
                 RUN_EXIT,
             )
     if isinstance(exc, FileNotFoundError):
         # Our loaders' messages name the path and how to point the project elsewhere.
-        return LaunchError(_one_line(exc), "fix the path above, then run the same command again", RUN_EXIT)
+        return LaunchError(_one_line(exc), "fix the path it names, then run the same command again", RUN_EXIT)
     if isinstance(exc, KeyError) and "unknown env id" in str(exc):
         return LaunchError(_one_line(exc.args[0]), "fix --config.env.tasks (or the config file)", USAGE_EXIT)
     if isinstance(exc, ValueError) and str(exc).startswith("config key "):

@@ -260,3 +260,24 @@ def _tiny_config_json():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return lu.config_tree(mod.get_config("tiny"))
+
+
+def test_describe_maps_exceptions_to_two_lines():
+    # Orbax (tensorstore) reports a full disk as a ValueError carrying the OS error code, chained under others
+    ts = ValueError("RESOURCE_EXHAUSTED: Error writing ... Failed to write 208498 bytes [os_error_code='28']")
+    try:
+        try:
+            raise ts
+        except ValueError as e:
+            raise RuntimeError("save failed") from e
+    except RuntimeError as wrapped:
+        err = lu.describe(wrapped, workdir="/runs/x")
+    assert (err.what, err.code) == ("no space left on the device holding /runs/x", lu.RUN_EXIT)
+    err = lu.describe(PermissionError(13, "Permission denied", "/data/x"))
+    assert err.what == "cannot access /data/x: Permission denied"
+    err = lu.describe(ValueError("config key actor.micro_batch: must be a multiple of 4"))
+    assert (err.todo, err.code) == (
+        "set it with --config.actor.micro_batch=...; --print_config lists every key",
+        2,
+    )
+    assert lu.describe(ZeroDivisionError("division by zero")) is None  # a bug: reported with its traceback
