@@ -443,6 +443,8 @@ def tensorboard_command(logdir: str) -> str:
     """A command that shows ``logdir`` in TensorBoard from this environment: the ``tensorboard`` next to this
     Python when installed, else the install command first."""
     exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    rel = os.path.relpath(exe)
+    exe = exe if rel.startswith("..") else rel  # `.venv/bin/tensorboard` from the repository root
     if os.path.exists(exe):
         return f"{exe} --logdir {logdir}"
     return f"{sys.executable} -m pip install tensorboard && {exe} --logdir {logdir}"

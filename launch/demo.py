@@ -65,7 +65,7 @@ def main(argv):
     nan = float("nan")
     print(f"\n[demo] done in {(time.time() - t0) / 60:.1f} min")
     print(
-        f"[demo] last step ({int(last.get('step', out['step'] - 1))}): success {last.get('success', nan):.3f} "
+        f"[demo] step {out['step']}: success {last.get('success', nan):.3f} "
         f"(guided {last.get('success/guided', nan):.3f}, free {last.get('success/free', nan):.3f}), "
         f"actions/episode {last.get('actions_per_episode', nan):.2f}, "
         f"bank size {int(last['bank/size']) if 'bank/size' in last else '-'}"
