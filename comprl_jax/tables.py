@@ -335,31 +335,39 @@ def report(runs: Sequence[dict]) -> str:
 
 # -- the eval line -------------------------------------------------------------------------------------
 def eval_table(ev: Mapping[str, Any]) -> str:
-    """Held-out evaluation as a small aligned table: one row per env (label), success / episodes / infra
-    failures with and without experience."""
+    """Held-out evaluation as a small aligned table: one row per env (label) and its split, success / episodes /
+    infra failures with and without experience."""
     ev = normalize_eval(ev)
     modes = [m for m in ("with_exp", "without_exp") if m in ev]
     labels = list(dict.fromkeys(lab for m in modes for lab in ev[m]))
     if not labels:
         return "held-out eval: no episodes"
+    splits = {
+        lab: next((ev[m][lab]["split"] for m in modes if lab in ev[m] and ev[m][lab]["split"]), None)
+        for lab in labels
+    }
     titles = {"with_exp": "with experience", "without_exp": "without experience"}
     sub = ("success", "episodes", "infra")
     widths = (7, 8, 5)
     group_w = sum(widths) + 2 * (len(widths) - 1)
     env_w = max(len("held-out eval"), *(len(lab) for lab in labels))
+    split_w = max([len("split")] + [len(v) for v in splits.values() if v]) if any(splits.values()) else 0
 
     def num(x, w, fmt):
         return f"{'-' if x is None else format(x, fmt):>{w}}"
 
+    def left(env, split):
+        return f"{env:<{env_w}}" + (f" | {split:<{split_w}}" if split_w else "")
+
     lines = [
-        f"{'held-out eval':<{env_w}}" + "".join(f" | {titles[m]:^{group_w}}" for m in modes),
-        f"{'env':<{env_w}}"
+        left("held-out eval", "") + "".join(f" | {titles[m]:^{group_w}}" for m in modes),
+        left("env", "split")
         + " | ".join(
             [""] + ["  ".join(f"{s:>{w}}" for s, w in zip(sub, widths, strict=True)) for _ in modes]
         ),
     ]
     for lab in labels:
-        row = f"{lab:<{env_w}}"
+        row = left(lab, splits[lab] or "-")
         for m in modes:
             e = ev[m].get(lab, {})
             row += " | " + "  ".join(

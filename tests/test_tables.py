@@ -172,17 +172,18 @@ def test_normalize_eval_reads_both_formats():
 def test_eval_table_is_aligned():
     ev = {
         "without_exp": {
-            ALFWORLD: _entry(ALFWORLD, 0.25, infra=1),
+            ALFWORLD: _entry(ALFWORLD, 0.25, infra=1, split="valid_unseen"),
             f"{ALFWORLD}@valid_seen": _entry(ALFWORLD, 0.5, split="valid_seen"),
         },
-        "with_exp": {ALFWORLD: _entry(ALFWORLD, 0.375)},
+        "with_exp": {ALFWORLD: _entry(ALFWORLD, 0.375, split="valid_unseen")},
     }
     assert eval_table(ev).splitlines() == [
-        "held-out eval                 |     with experience      |    without experience",
-        "env                           | success  episodes  infra | success  episodes  infra",
-        "comprl/ALFWorld-v0            |   0.375         8      0 |   0.250         8      1",
-        "comprl/ALFWorld-v0@valid_seen |       -         -      - |   0.500         8      0",
+        "held-out eval                 |              |     with experience      |    without experience",
+        "env                           | split        | success  episodes  infra | success  episodes  infra",
+        "comprl/ALFWorld-v0            | valid_unseen |   0.375         8      0 |   0.250         8      1",
+        "comprl/ALFWorld-v0@valid_seen | valid_seen   |       -         -      - |   0.500         8      0",
     ]
+    # an older eval.json: no split, no counts
     assert eval_table({"without_exp": {ROOM: 0.5}}).splitlines()[-1] == f"{ROOM} |   0.500         -      -"
     assert eval_table({}) == "held-out eval: no episodes"
 
