@@ -3,7 +3,7 @@
 python launch/train.py --config=configs/minihack_room.py:tiny --workdir=runs/room_tiny [--config.actor.lr=1e-3]
 
 Every config key, its value after overrides and what it means: add --print_config (no --workdir needed).
-Resuming with a different config (other than train.steps / train.eval_tasks / train.log_every) is refused with
+Resuming with a different config (other than train.steps / eval_tasks / eval_every / log_every) is refused with
 the list of changed keys; --allow_config_change resumes anyway, keeps the old config as config.<step>.json and
 marks the first new metrics row with config_changed=1.
 Errors print two lines (what is wrong, what to do); --verbosity=1 adds the traceback and every library's logs.
