@@ -241,6 +241,9 @@ def parse_flags(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except SystemExit:
         raise
+    except BrokenPipeError:  # `--helpfull | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except Exception as exc:  # noqa: BLE001 -- every parse failure is the command line's fault
         verbosity = argv_verbosity(argv)
         if verbosity is not None and verbosity >= 0:
