@@ -368,3 +368,36 @@ def test_aux_loss_reaches_the_router_through_remat_and_the_hidden_path():
     gd, p = D.init_decoder(dense, seed=0)
     _, aux = D.forward(gd, p, tokens, positions, mask, return_aux=True)
     assert float(aux["load_balancing_loss"]) == 0.0
+
+
+def test_bench_prints_one_json_line(capsys):
+    """launch/bench/moe.py at toy sizes: one JSON line with both dispatches' ratios to the dense MLP."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "launch" / "bench" / "moe.py"
+    spec = importlib.util.spec_from_file_location("bench_moe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(
+        [
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--d_model",
+            "32",
+            "--experts",
+            "4",
+            "--expert_width",
+            "8",
+            "--repeats",
+            "1",
+        ]
+    )
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(lines) == 1 and lines[0]["bench"] == "moe" and lines[0]["dense_width"] == 2 * 8
+    for key in ("dense_ms", "dropless_ms", "capacity_ms", "dropless_ratio", "capacity_ratio"):
+        assert lines[0][key] > 0, key
+    assert lines[0]["capacity_slots_per_expert_row"] == 10  # ceil(1.25 x 16 tokens x top-2 / 4 experts)
