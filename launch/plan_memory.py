@@ -50,7 +50,7 @@ flags.DEFINE_string("cache_dtype", "bfloat16", "KV cache dtype")
 flags.DEFINE_string("extractor_config", None, "optional second model on its own (disjoint) mesh")
 flags.DEFINE_string("extractor_mesh", "fsdp=8", "mesh axes of the extractor")
 flags.DEFINE_enum(
-    "paper", None, ["v5p-64", "8xh100", "8xh200"], "plan the paper's full setting on this hardware"
+    "paper", None, ["v5p-64", "8xh100", "8xh200", "16xh100"], "plan the paper's full setting on this hardware"
 )
 flags.DEFINE_enum(
     "study",
@@ -149,6 +149,7 @@ HARDWARE = {
     "v5p-64": {"devices": 32, "hosts": 8, "hbm_bytes": 95 * GIB},
     "8xh100": {"devices": 8, "hosts": 1, "hbm_bytes": 81_559 * 1024**2},
     "8xh200": {"devices": 8, "hosts": 1, "hbm_bytes": 143_771 * 1024**2},
+    "16xh100": {"devices": 16, "hosts": 2, "hbm_bytes": 81_559 * 1024**2},  # two 8xH100 nodes
 }
 USABLE = 0.90  # of HBM: XLA's own reserve, fragmentation and the temporaries this plan does not itemise
 PAPER = {  # SPEC §9
@@ -354,7 +355,9 @@ def paper_table(rows: list[dict]) -> str:
         )
     return (
         "\n".join(lines)
-        + "\n(GiB per device; rows = sequences at full context at once; waves per step's 1,024)"
+        + "\n(GiB per device; rows = sequences at full context at once; waves per step's 1,024; extractor "
+        + (rows[0]["extractor"] if rows else "-")
+        + ")"
     )
 
 

@@ -236,3 +236,7 @@ def test_capacity_study_plan_verdicts():
     h200 = pm.best_paper_plan("8xh200", "colocated", study="capacity")
     assert h200["fits"] and h200["mesh"]["extractor"] == {"data": 1, "fsdp": 1, "tensor": 8}
     assert not pm.best_paper_plan("8xh200", "disjoint", study="capacity")["fits"]
+    # Two 8xH100 nodes hold the state but not the 64k-token extractor update next to it.
+    assert not any(
+        pm.best_paper_plan("16xh100", p, study="capacity")["fits"] for p in ("colocated", "disjoint")
+    )
