@@ -14,7 +14,8 @@ every expert, E times the active FLOPs, so its CPU ratio is an upper bound (TPU 
 GEMM). The capacity path uses plain einsums over ``capacity_factor x tokens x k`` slots on every backend.
 Timings are medians of interleaved repeats (a busy shared machine slows all three alike).
 
-Measured 2026-12-01 on the 2-core dev box (shared, busy), default command: see WORKSPACE.md "Mixture of experts".
+Measured 2026-12-01 on the 2-core dev box (shared, busy, load ~5), default command (2,048 tokens, fp32):
+  dense 108.8 ms, dropless 1714.9 ms (ratio 15.8), capacity 251.8 ms (ratio 2.3); WORKSPACE.md "Mixture of experts".
 """
 
 from __future__ import annotations
