@@ -156,6 +156,8 @@ TINY = dict(
     vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6, moe_intermediate_size=32,
 )  # fmt: skip
+# Greedy generation through the sampler (a compile of the decode loop per config) for the mixed dense/MoE cases.
+GREEDY = ("e8-top2-norm-tied-mlp_only0", "e16-top4-untied-step2")
 CASES = {  # expert count, top-k, renormalisation, tied embeddings, dense layers (mlp_only_layers / sparse step)
     "e4-top1-untied": dict(
         num_experts=4, num_experts_per_tok=1, norm_topk_prob=False, tie_word_embeddings=False
@@ -241,9 +243,10 @@ def test_decoder_matches_transformers(case, tmp_path):
     assert float(aux["load_balancing_loss"]) == pytest.approx(float(ref.aux_loss), rel=1e-5)
 
     # Greedy generation through our sampler (padded prefill + decode steps) equals HF generate row by row.
-    svc = SamplerService(graphdef, params, cfg, pad_id=0)
-    prompts = [tokens[i, :n].tolist() for i, n in enumerate(LENGTHS)]
-    res = svc.generate(prompts, jax.random.key(0), SamplingParams(max_new_tokens=NEW, greedy=True))
+    prompts = [tokens[i, :n].tolist() for i, n in enumerate(LENGTHS)] if case in GREEDY else []
+    if prompts:
+        svc = SamplerService(graphdef, params, cfg, pad_id=0)
+        res = svc.generate(prompts, jax.random.key(0), SamplingParams(max_new_tokens=NEW, greedy=True))
     for i, p in enumerate(prompts):
         with torch.no_grad():
             want = hf.generate(
@@ -267,11 +270,8 @@ def test_decoder_matches_transformers(case, tmp_path):
 
 # --- expert parallelism on 8 fake devices ------------------------------------------------------------------
 
-MESHES = {
-    "fsdp8": {"fsdp": 8},
-    "data2_fsdp4": {"data": 2, "fsdp": 4},
-    "fsdp4_tensor2": {"fsdp": 4, "tensor": 2},
-}
+# (data x fsdp layouts of the dispatched buffer: test_expert_rule_and_expert_parallel_spec)
+MESHES = {"fsdp8": {"fsdp": 8}, "fsdp4_tensor2": {"fsdp": 4, "tensor": 2}}
 
 
 def _flat(params) -> dict[str, nnx.Variable]:
@@ -343,10 +343,11 @@ def test_expert_parallel_forward_matches_one_device(mesh_name, moe_reference):
     np.testing.assert_allclose(np.asarray(got)[mask], ref["capacity"][mask], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_aux_loss_reaches_the_router_through_remat_and_the_hidden_path():
     """The load-balancing loss is differentiable in the router weights (what an update adds as coef x aux), also
     through per-layer remat and ``return_hidden`` (the chunked-head update path); a dense model reports 0."""
-    cfg = ModelConfig.tiny("qwen3_moe", num_layers=3, mlp_only_layers=(0,))
+    cfg = ModelConfig.tiny("qwen3_moe", mlp_only_layers=(0,))  # layer 0 dense, layer 1 MoE: two scans
     graphdef, params = D.init_decoder(cfg, seed=2)
     tokens, positions, mask, _ = _batch(cfg.vocab_size)
 
@@ -361,12 +362,13 @@ def test_aux_loss_reaches_the_router_through_remat_and_the_hidden_path():
         value, g = jax.jit(jax.value_and_grad(aux_loss), static_argnums=1)(params, remat)
         grads[remat] = np.asarray(_flat(g)["layers/router"].get_value())
         assert 0.0 < float(value) <= cfg.num_experts  # E * sum_e f_e P_e with sum f = k, sum P = 1, P_e <= 1
-    assert grads[False].shape == (2, cfg.hidden_size, cfg.num_experts)  # layers 1 and 2 are MoE
+    assert grads[False].shape == (1, cfg.hidden_size, cfg.num_experts)
     assert np.abs(grads[False]).max() > 0
     np.testing.assert_allclose(grads[True], grads[False], rtol=1e-5, atol=1e-8)
     dense = ModelConfig.tiny("qwen3")
     gd, p = D.init_decoder(dense, seed=0)
-    _, aux = D.forward(gd, p, tokens, positions, mask, return_aux=True)
+    fwd = jax.jit(D.forward, static_argnums=0, static_argnames="return_aux")
+    _, aux = fwd(gd, p, tokens, positions, mask, return_aux=True)
     assert float(aux["load_balancing_loss"]) == 0.0
 
 
