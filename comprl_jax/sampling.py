@@ -7,6 +7,7 @@ Public API::
     res = svc.generate(prompts, key, SamplingParams(max_new_tokens=64, temperature=0.99, top_p=0.99),
                        stop_strings=("</answer>",), constraint=svc.regex_constraint(r"<answer>(north|south)</answer>"))
     res.tokens [B, N], res.lengths [B], res.finish_reason [B] (0 stop / 1 length), res.logprobs [B, N]  (numpy)
+    svc.actions_constraint(("north", "southeast"))         # <answer>{action}</answer>, south-east / south east too
 
     conv = svc.conversation(batch=B, max_len=4096)        # multi-turn, token in / token out
     r1 = conv.turn(first_prompts, key1, sp)               # prefill + generate
@@ -44,7 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from comprl_jax import sharding as shd
-from comprl_jax.sampling_lib.automaton import TokenAutomaton, accepts, from_regex, from_strings, vocab_bytes
+from comprl_jax.sampling_lib.automaton import (
+    TokenAutomaton,
+    accepts,
+    action_spellings,
+    from_actions,
+    from_regex,
+    from_strings,
+    vocab_bytes,
+)
 from comprl_jax.sampling_lib.decode import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -65,11 +74,13 @@ __all__ = [
     "StopAutomaton",
     "TokenAutomaton",
     "accepts",
+    "action_spellings",
     "bucket",
     "build_stop_automaton",
     "decode",
     "filter_logits",
     "find_stop",
+    "from_actions",
     "from_regex",
     "from_strings",
     "select_tokens",
@@ -172,6 +183,16 @@ class SamplerService:
         """Device automaton accepting exactly one of ``strings`` (e.g. the action set)."""
         return self._replicate(
             from_strings(strings, self._need_vocab("strings_constraint"), self.stop_token_ids)
+        )
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019
+    def actions_constraint(
+        self, actions: tuple[str, ...], template: str = "<answer>{}</answer>"
+    ) -> TokenAutomaton:
+        """Device automaton for a static action set in ``template``, each action in every natural spelling
+        (:func:`~comprl_jax.sampling_lib.automaton.action_spellings`: ``south-east`` / ``south east`` too)."""
+        return self._replicate(
+            from_actions(actions, self._need_vocab("actions_constraint"), self.stop_token_ids, template)
         )
 
     def batch_bucket(self, n: int) -> int:

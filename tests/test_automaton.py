@@ -5,7 +5,13 @@ import re
 import numpy as np
 import pytest
 
-from comprl_jax.sampling_lib.automaton import accepts, from_regex, from_strings
+from comprl_jax.sampling_lib.automaton import (
+    accepts,
+    action_spellings,
+    from_actions,
+    from_regex,
+    from_strings,
+)
 from comprl_jax.sampling_lib.stops import build_stop_automaton, find_stop
 
 EOS = 0
@@ -155,3 +161,34 @@ def test_stop_automaton_matches_reference_on_random_sequences():
         assert _detect(sa, ids) == ref, (_text(ids), ref)
         found += ref >= 0
     assert found > 50  # the sample exercises matches, not just misses
+
+
+def test_action_spellings_split_compounds_only():
+    acts = ["north", "east", "south", "west", "northeast", "southwest", "pick up", "wait", "waitwest"]
+    sp = action_spellings(acts)
+    assert list(sp) == acts
+    assert sp["north"] == ("north",) and sp["pick up"] == ("pick up",) and sp["wait"] == ("wait",)
+    assert sp["northeast"] == ("northeast", "north-east", "north east")
+    assert sp["southwest"] == ("southwest", "south-west", "south west")
+    assert sp["waitwest"] == ("waitwest", "wait-west", "wait west")  # any join of two actions, by rule
+    assert action_spellings(["up", "down"]) == {"up": ("up",), "down": ("down",)}
+
+
+def test_from_actions_accepts_every_spelling_and_nothing_else():
+    aut = from_actions(["north", "east", "northeast"], VOCAB, stop_ids=[EOS])
+    texts = {"<answer>north</answer>", "<answer>east</answer>"}
+    texts |= {f"<answer>{s}</answer>" for s in ("northeast", "north-east", "north east")}
+    pattern = "|".join(re.escape(t) for t in texts)
+    assert np.asarray(aut.allowed).any(axis=1).all()
+    rng = np.random.default_rng(2)
+    seen = set()
+    for _ in range(1000):
+        text = _text(_random_walk(aut, rng))
+        assert re.fullmatch(pattern, text), text
+        seen.add(text)
+    assert seen == texts
+    # The split spelling through any tokenization, e.g. "no" "rth" "-" "ea" "st"; other separators are not allowed.
+    assert accepts(
+        aut, [TOK["<answer>"], TOK["no"], TOK["rth"], TOK["-"], TOK["ea"], TOK["st"], TOK["</answer>"]]
+    )
+    assert not accepts(aut, [TOK["<answer>"], TOK["north"], TOK["_"], TOK["ea"], TOK["st"], TOK["</answer>"]])

@@ -13,6 +13,11 @@ Dead states (no way to reach an accepting state with the vocabulary's tokens) ar
 state allows at least one token*: the masked softmax is never all ``-inf`` (tested). Special tokens (``b""``
 bytes) are never allowed except the stop ids at accepting states.
 
+A static action set goes through :func:`from_actions`: every action in every natural spelling
+(:func:`action_spellings`: ``south-east`` / ``south east`` next to ``southeast``), each in any tokenization. A small
+pretrained model copies a compound only in its whole-word spelling (SmolLM2 writes ``south`` ``-`` ``east``; the
+name's own BPE path ``s`` ``outheast`` it rarely starts), so the plain name alone hid the diagonals from it.
+
 Builders work on ``vocab: Sequence[bytes]``: the exact bytes each token id contributes to decoded text
 (``Tokenizer.token_bytes``), ``b""`` for special/unused ids, padded to the model's vocabulary size.
 """
@@ -174,6 +179,49 @@ def from_strings(
         if out:
             trans[s] = out
     return _finalize(trans, accept, 0, len(vocab), stop_set, f"from_strings({list(strings)[:4]!r}...)")
+
+
+def action_spellings(actions: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Each action with the spellings a pretrained model writes for it: itself, and for an action that joins two
+    others (``"southeast"`` = ``"south"`` + ``"east"``) the split forms ``"south-east"`` and ``"south east"``.
+
+    Why: a byte-level BPE spells a rare compound with an odd token path (SmolLM2: ``"southeast"`` is ``s`` +
+    ``outheast``), which a small model does not copy from its prompt: asked for "southeast" it starts with the
+    token ``south`` and then closes the answer (measured in ``tests/test_smollm.py``). The split forms are whole-word
+    tokens (``south`` ``-`` ``east``). The caller's env must map every spelling to its action (MiniHack's
+    ``normalize_action`` strips punctuation and knows "south east").
+
+    Args:
+      actions: the action names. Returns: ``{action: (spellings...)}``, the action itself first, in input order.
+    """
+    names = [str(a) for a in actions]
+    known = set(names)
+    out: dict[str, tuple[str, ...]] = {}
+    for a in names:
+        spell = [a]
+        for head in names:
+            tail = a[len(head) :]
+            if head != a and a.startswith(head) and tail in known:
+                spell += [f"{head}-{tail}", f"{head} {tail}"]
+        out[a] = tuple(dict.fromkeys(spell))
+    return out
+
+
+def from_actions(
+    actions: Sequence[str],
+    vocab: Sequence[bytes],
+    stop_ids: Iterable[int],
+    template: str = "<answer>{}</answer>",
+) -> TokenAutomaton:
+    """:func:`from_strings` over ``template.format(s)`` for every spelling ``s`` of every action
+    (:func:`action_spellings`): the constraint of a static action set that leaves the model its natural spelling.
+
+    Args:
+      actions: the action names. vocab: ``[V]`` token bytes. stop_ids: ids that end a reply.
+      template: the reply format with one ``{}`` for the action.
+    """
+    texts = [template.format(s) for spell in action_spellings(actions).values() for s in spell]
+    return from_strings(texts, vocab, stop_ids)
 
 
 def from_regex(pattern: str, vocab: Sequence[bytes], stop_ids: Iterable[int]) -> TokenAutomaton:
