@@ -1,0 +1,317 @@
+"""launch/reproduce.py: every run of each paper table with the right configs / methods / seeds, commands that
+train.py and the recipes accept, and device-hour estimates that follow their formula (checked by hand).
+
+Nothing trains and no model is loaded: configs are built and validated, train.py runs with --print_config, the
+recipes with their own dry-run hooks (tpu_pod.sh DRY_RUN=1, slurm.sbatch SRUN=echo).
+"""
+
+import functools
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "launch", "reproduce.py")
+SEEDS = {0, 1, 2}
+T1 = ("complementary", "baseline", "static_online", "exp_only", "offline")
+# Every arm of every table, by hand: (config, variant).
+EXPECTED = {
+    "1": {("multitask3", m) for m in T1},
+    "scaling": {("task_scaling", f"tasks={n},{m}") for n in (1, 3, 6) for m in ("complementary", "baseline")},
+    "capacity": {("extractor_capacity", "complementary")},
+    "single": {
+        (c, m)
+        for c in ("minihack_room", "alfworld", "webshop", "swebench")
+        for m in ("complementary", "baseline")
+    }
+    | {("ablation_no_merge", "complementary"), ("ablation_no_search_ask", "complementary")},
+}
+QWEN25_7B = 7_615_616_512  # tests/test_plan_memory.py counts it by hand from config.json
+SMOLLM2 = (
+    134_515_008  # 30 x (2 x 576^2 + 2 x 576 x 192 + 3 x 576 x 1536 + 2 x 576) + 49152 x 576 + 576 (tied)
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _rp():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # defines no absl flag (define_flags() runs only as a script)
+    return mod
+
+
+def _cli(*args, env=None):
+    out = subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def _runs(stdout: str) -> tuple[list[dict], list[str], list[dict]]:
+    """(run JSON lines, command lines, table JSON lines) of a dry run."""
+    runs, cmds, tables = [], [], []
+    for line in stdout.splitlines():
+        if line.startswith("# {"):
+            row = json.loads(line[2:])
+            (tables if "make_tables" in row else runs).append(row)
+        elif line.startswith("# not runnable: "):
+            cmds.append(line[len("# not runnable: ") :])
+        elif line and not line.startswith("#"):
+            cmds.append(line)
+    return runs, cmds, tables
+
+
+def _apply(c, overrides: list[str]):
+    """Sets each ``--config.a.b=v`` on the built config (a locked ConfigDict refuses an unknown key), typed like
+    the value it replaces; returns the other flags."""
+    rest = []
+    for flag in overrides:
+        if not flag.startswith("--config."):
+            rest.append(flag)
+            continue
+        key, value = flag[len("--config.") :].split("=", 1)
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        old = node[leaf]  # KeyError: the command names a key the config does not have
+        node[leaf] = type(old)(value) if not isinstance(old, bool) else value == "True"
+    return rest
+
+
+@pytest.fixture(scope="module")
+def dry_run():
+    return _runs(_cli("--table=all", "--models_dir=/models").stdout)
+
+
+def test_every_table_lists_its_runs(dry_run):
+    runs, cmds, tables = dry_run
+    assert len(runs) == len(cmds) == 15 + 18 + 3 + 30
+    assert {t["table"]: t["runs"] for t in tables} == {"1": 15, "scaling": 18, "capacity": 3, "single": 30}
+    for table, arms in EXPECTED.items():
+        got = [r for r in runs if r["table"] == table]
+        assert {(r["config"], r["variant"]) for r in got} == {(f"configs/{c}.py", v) for c, v in arms}
+        for c, v in arms:  # every arm: the three seeds, each once
+            seeds = [r["seed"] for r in got if (r["config"], r["variant"]) == (f"configs/{c}.py", v)]
+            assert sorted(seeds) == sorted(SEEDS), (table, c, v)
+    assert len({r["workdir"] for r in runs}) == len(runs)
+    assert runs[0]["workdir"] == "runs/table1/multitask3_complementary_s0"
+    assert {r["workdir"] for r in runs if r["config"] == "configs/task_scaling.py"} >= {
+        "runs/scaling/task_scaling_tasks6_baseline_s2"
+    }
+    # SWE-Bench is listed (commented out), never executed; the capacity study goes to 8xH200 (8xH100: no fit)
+    assert {r["config"] for r in runs if not r["runnable"]} == {"configs/swebench.py"}
+    assert {r["hardware"] for r in runs if r["table"] == "capacity"} == {"8xh200"}
+    assert {r["hardware"] for r in runs if r["table"] != "capacity"} == {"8xh100"}
+    # make_tables reads the table's runs and, for the capacity study, Table 1's Complementary RL and baseline
+    cap = next(t for t in tables if t["table"] == "capacity")["make_tables"]
+    dirs = shlex.split(cap)[2].split("=", 1)[1].split(",")
+    assert "runs/table1/multitask3_complementary_s1" in dirs and len(dirs) == 3 + 6
+
+
+def test_every_command_builds_a_valid_config(dry_run):
+    from comprl_jax.config import validate
+
+    rp = _rp()
+    runs, cmds, _ = dry_run
+    for r, cmd in zip(runs, cmds, strict=True):
+        argv = shlex.split(cmd)
+        assert argv[:2] == [".venv/bin/python", "launch/train.py"] and cmd == r["command"]
+        config = next(a for a in argv if a.startswith("--config="))[len("--config=") :]
+        path, variant = config.split(":", 1)
+        assert os.path.isfile(os.path.join(ROOT, path)), path
+        name = os.path.basename(path)[: -len(".py")]
+        c = rp.load_config(name, variant)
+        assert c.method == variant.split(",")[-1] == r["method"]
+        rest = _apply(c, argv[4:])
+        assert rest == [] and f"--workdir={r['workdir']}" in argv
+        validate(c)
+        assert c.seed == r["seed"]
+        episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
+        assert c.rollout.rows_per_wave == 0 or episodes % c.rollout.rows_per_wave == 0
+        assert episodes % c.actor.micro_batch == 0 and c.extractor.buffer_size % c.extractor.micro_batch == 0
+        if c.experience.enabled:
+            assert c.extractor.model.startswith("/models/")
+
+
+def test_mesh_flags_follow_the_memory_plan():
+    """8xH100: extractor fsdp=4 x tensor=2, 32 rollout rows (WORKSPACE "Memory plans"); v5p-64: plain fsdp=32,
+    the capacity study's extractor over tensor=2 (fsdp=16), 256 rows -> the largest divisor of 384 below: 192."""
+    rp = _rp()
+    flags, plan = rp.mesh_overrides("8xh100", "main", 128)
+    assert plan["fits"] and flags == [
+        "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.mesh.extractor_tensor=2",
+        "--config.actor.micro_batch=8", "--config.extractor.micro_batch=4", "--config.rollout.rows_per_wave=32",
+    ]  # fmt: skip
+    flags, _ = rp.mesh_overrides("v5p-64", "main", 128)
+    assert flags == [
+        "--config.mesh.data=1",
+        "--config.mesh.fsdp=-1",
+        "--config.actor.micro_batch=32",
+        "--config.extractor.micro_batch=32",
+    ]  # fmt: skip  (352 rows fit: one wave)
+    flags, _ = rp.mesh_overrides("v5p-64", "capacity", 384)
+    assert "--config.mesh.extractor_tensor=2" in flags and "--config.rollout.rows_per_wave=192" in flags
+    assert "--config.extractor.micro_batch=16" in flags
+    assert not rp.mesh_overrides("8xh100", "capacity", 384)[1]["fits"]
+
+
+def test_smollm_scale_runs_one_gpu_without_mesh_flags():
+    rp = _rp()
+    opts = {
+        "scale": "smollm", "seeds": [0, 1, 2], "root": "runs", "launcher": "local", "hardware": "none",
+        "models_dir": "/models", "tpu_name": "t", "zone": "z", "nodes": 1, "tasks_per_step": 0, "train_flags": [],
+    }  # fmt: skip
+    runs = rp.plan_runs("single", opts)
+    assert len(runs) == 30 and all(r["variant"].startswith("smollm,") for r in runs)
+    assert all(r["overrides"] == [f"--config.seed={r['seed']}"] for r in runs)  # no mesh, no model paths
+    assert runs[0]["workdir"] == "runs/single_smollm/minihack_room_complementary_s0"
+    assert rp.plan_runs("capacity", opts) == []  # both extractors would be SmolLM2: nothing to compare
+
+
+def test_train_py_accepts_a_printed_command(tmp_path):
+    """--execute through the local launcher, with train.py's --print_config: the real entry point parses the
+    command (every override key exists, the final config validates) and exits before touching the workdir."""
+    out = _cli(
+        "--table=capacity", "--hardware=v5p-64", "--seeds=1", f"--root={tmp_path}", "--models_dir=/models",
+        "--train_flags=--print_config", "--execute",
+    )  # fmt: skip
+    lines = {ln.split("#")[0].split("=", 1)[0].strip(): ln.split("#")[0].split("=", 1)[1].strip()
+             for ln in out.stdout.splitlines() if " = " in ln and not ln.startswith("#")}  # fmt: skip
+    assert lines["seed"] == "1" and lines["mesh.extractor_tensor"] == "2"
+    assert lines["extractor.micro_batch"] == "16" and lines["rollout.rows_per_wave"] == "192"
+    assert lines["extractor.model"].strip("'\"") == "/models/Qwen3-30B-A3B-Instruct-2507"
+    assert "running: " in out.stderr and os.listdir(tmp_path) == []
+
+
+def test_slurm_commands_run_the_recipe():
+    out = _cli("--table=1", "--launcher=slurm", "--seeds=2", "--root=/shared/runs")
+    runs, cmds, _ = _runs(out.stdout)
+    assert len(runs) == 5
+    argv = shlex.split(cmds[0])
+    assert argv[:4] == [
+        "sbatch",
+        "--nodes=1",
+        "--job-name=comprl-multitask3_complementary_s2",
+        "launch/slurm.sbatch",
+    ]
+    assert argv[4:6] == [
+        "configs/multitask3.py:complementary",
+        "/shared/runs/table1/multitask3_complementary_s2",
+    ]
+    # the recipe itself, with its srun hook: the line every node runs
+    srun = subprocess.run(
+        ["bash", *argv[3:]], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SRUN": "echo"}, timeout=60
+    )  # fmt: skip
+    assert srun.returncode == 0, srun.stderr
+    line = shlex.split(srun.stdout)
+    assert line[1:5] == [".venv/bin/python", "launch/train.py", "--distributed", f"--config={argv[4]}"]
+    assert line[5] == f"--workdir={argv[5]}" and line[6:] == argv[6:]
+    assert "--config.seed=2" in line and "--config.mesh.extractor_tensor=2" in line  # 8xH100 plan
+
+
+def test_tpu_pod_execute_goes_through_the_recipe():
+    """--execute with tpu_pod.sh's own DRY_RUN=1: the gcloud command that runs train.py on every host."""
+    out = _cli(
+        "--table=capacity", "--launcher=tpu_pod", "--tpu_name=my-v5p-64", "--zone=us-east5-a", "--seeds=0",
+        "--root=/mnt/shared/runs", "--execute", env={"DRY_RUN": "1"},
+    )  # fmt: skip
+    runs, cmds, _ = _runs(out.stdout)
+    assert shlex.split(cmds[0])[:4] == ["launch/tpu_pod.sh", "train", "my-v5p-64", "us-east5-a"]
+    gcloud = [shlex.split(ln) for ln in out.stdout.splitlines() if ln.startswith("gcloud ")]
+    assert len(gcloud) == 1 and gcloud[0][:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5p-64"]
+    remote = shlex.split(next(a for a in gcloud[0] if a.startswith("--command=")).split("=", 1)[1])
+    i = remote.index("launch/train.py")
+    assert remote[i + 1 : i + 4] == [
+        "--distributed", "--config=configs/extractor_capacity.py:complementary",
+        "--workdir=/mnt/shared/runs/capacity/extractor_capacity_complementary_s0",
+    ]  # fmt: skip
+    assert remote[i + 4 :] == runs[0]["overrides"]
+
+
+# -- estimates ---------------------------------------------------------------------------------------------
+def _fwd(n, layers, width, tokens, ctx):
+    return tokens * (2 * n + 2 * layers * width * ctx)
+
+
+def test_estimate_by_hand_minihack_baseline_v5p64():
+    """configs/minihack_room.py:baseline: 16 tasks x 8 = 128 free episodes of 512 + 30 x (256 + 80) = 10,592
+    tokens; the update pads them to 16,384; Qwen2.5-7B: 28 layers, 28 x 128 attention width."""
+    rp = _rp()
+    c = rp.load_config("minihack_room", "baseline")
+    f = rp.step_flops(c, "paper")
+    rollout = 128 * 10_592 * (2 * QWEN25_7B + 2 * 28 * 3584 * 10_592)
+    update = 4 * 128 * 16_384 * (2 * QWEN25_7B + 2 * 28 * 3584 * 16_384)
+    assert f["actor_rollout"] == pytest.approx(rollout, rel=1e-12)
+    assert f["actor_update"] == pytest.approx(update, rel=1e-12)
+    assert f["distillation"] == f["extractor_update"] == 0
+    # 128 x 10,592 x (15,231,233,024 + 2,125,873,152); 4 x 128 x 16,384 x (15,231,233,024 + 3,288,334,336)
+    assert rollout == pytest.approx(2.3532e16, rel=1e-4) and update == pytest.approx(1.5535e17, rel=1e-4)
+    e = rp.run_estimate(c, "paper", "v5p-64", waves=1)
+    pod = 32 * 459e12
+    step = rollout / (pod * 0.05) + update / (pod * 0.35) + 30 * 0.1
+    # 2.3532e16 / 7.344e14 = 32.04 s generating, 1.5535e17 / 5.1408e15 = 30.22 s updating, 3 s host work
+    assert e["step_s"] == pytest.approx(step, rel=1e-12) and step == pytest.approx(65.26, abs=0.01)
+    # final evaluation: 128 held-out tasks x 4 episodes, without experience only (a baseline)
+    ev = 512 * 10_592 * (2 * QWEN25_7B + 2 * 28 * 3584 * 10_592) / (pod * 0.05)
+    assert e["wall_h"] == pytest.approx((145 * step + ev) / 3600, rel=1e-12)
+    assert e["device_h"] == pytest.approx(32 * e["wall_h"], rel=1e-12)
+
+
+def test_estimate_scales_linearly_with_tasks_and_steps():
+    rp = _rp()
+    for method in ("baseline", "complementary"):
+        c = rp.load_config("minihack_room", method)
+        one, two = rp.step_flops(c, "paper", 16), rp.step_flops(c, "paper", 32)
+        for k in ("actor_rollout", "actor_update", "distillation", "extractor_update"):
+            assert two[k] == pytest.approx(2 * one[k], rel=1e-12), (method, k)
+            assert method == "baseline" or one[k] > 0
+    c = rp.load_config("minihack_room", "baseline")
+    a = rp.run_estimate(c, "paper", "8xh100")
+    c.train.steps = 290
+    b = rp.run_estimate(c, "paper", "8xh100")
+    assert b["step_s"] == a["step_s"]
+    assert (b["wall_h"] - a["wall_h"]) * 3600 == pytest.approx(145 * a["step_s"], rel=1e-9)
+
+
+def test_moe_extractor_counts_active_parameters():
+    shape = _rp().model_shape("Qwen/Qwen3-30B-A3B-Instruct-2507")
+    assert (
+        shape["params"] == 30_532_122_624 and shape["active"] == 3_353_032_704
+    )  # test_plan_memory's hand count
+
+
+def test_cpu_anchor_by_hand():
+    """The measured :smollm step (1 task x 4 episodes x 3 turns): 256 + 3 x (10 + 80) = 526 tokens, padded to
+    1,024; four forwards of SmolLM2-135M over 4 x 1,024 tokens is the actor update the issue timed at 53-57 s."""
+    a = _rp().cpu_anchor()
+    update = 4 * _fwd(SMOLLM2, 30, 576, 4 * 1024, 1024)
+    assert a["flops"]["actor_update"] == update == 4_987_608_367_104
+    assert a["implied_update_efficiency"] == pytest.approx(update / (55 * 2 * 2.45e9 * 32), rel=1e-12)
+    assert a["flops"]["extractor_update"] == 0  # 4 samples do not fill a buffer of 64
+
+
+def test_estimate_cli_rows_are_positive_and_totals_add_up():
+    out = _cli("--table=all", "--estimate")
+    rows = [json.loads(ln) for ln in out.stdout.splitlines()]
+    runs = [r for r in rows if not r.get("total")]
+    assert len(runs) == 3 * (5 + 6 + 1 + 10)  # arms x the three default hardware
+    for r in runs:
+        if r["fits"]:
+            assert r["wall_h"] > 0 and r["device_h"] == pytest.approx(r["chips"] * r["wall_h"])
+            assert (
+                all(v >= 0 for v in r["flops_per_step"].values()) and r["flops_per_step"]["actor_rollout"] > 0
+            )
+        else:
+            assert (r["table"], r["hardware"]) == ("capacity", "8xh100")  # the memory plan: it does not fit
+    for t in (r for r in rows if r.get("total")):
+        mine = [r for r in runs if (r["table"], r["hardware"]) == (t["table"], t["hardware"]) and r["fits"]]
+        assert t["device_h"] == pytest.approx(sum(3 * r["device_h"] for r in mine))
+        assert t["runs"] == 3 * len(mine)
