@@ -115,6 +115,10 @@ class SamplerService:
         ``comprl_jax.models.decoder``); another model layer may pass its own with the same signature
         (``extend(graphdef, params, cache, tokens, num_new, logits_at) -> ([B, V] logits, cache)``).
       wrap: optional decorator for the traced function (tests: ``chex.assert_max_traces(n=...)``).
+      prefill_tokens: a turn's input goes through the model in row groups of at most this many (padded) tokens
+        (halving the group while ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
+        buffers scale with the group: SmolLM2 at 32 rows x 2k tokens needs 4.4 GiB of XLA temp in one group and
+        1.8 GiB in groups of 8 rows (``tests/test_sampling_memory.py``). Turns of a few hundred tokens are one group.
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class SamplerService:
         extend_fn: Any = None,
         init_cache_fn: Any = None,
         wrap: Any = None,
+        prefill_tokens: int = 16384,
     ):
         if extend_fn is None or init_cache_fn is None:
             default_extend, default_init = _model_fns()
@@ -144,6 +149,7 @@ class SamplerService:
         self._fn = make_decode_fn(extend_fn, wrap)
         self._lock = threading.Lock()
         self._batch_multiple = 1
+        self.prefill_tokens = int(prefill_tokens)
         if mesh is not None:
             spec = shd.logical_to_spec(("batch",), mesh=mesh)
             axes = spec[0] if spec else None
@@ -220,6 +226,19 @@ class SamplerService:
 
         return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))
 
+    def prefill_groups(self, rows: int, width: int) -> int:
+        """Row groups for a turn's input of ``rows x width`` tokens: halved while a group exceeds
+        ``prefill_tokens`` and each half still holds a multiple of the mesh's batch shards."""
+        g = 1
+        while (
+            self.prefill_tokens
+            and (rows // g) * width > self.prefill_tokens
+            and rows % (2 * g) == 0
+            and (rows // (2 * g)) % self._batch_multiple == 0
+        ):
+            g *= 2
+        return g
+
     def _mesh_ctx(self):
         # The model reads the ambient mesh (jax.set_mesh) to pin activations to the batch axes.
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
@@ -282,6 +301,7 @@ class SamplerService:
                 stop_ids=self.stop_token_ids,
                 pad_id=self.pad_id,
                 window=window,
+                prefill_groups=self.prefill_groups(Bp, T),
             )
 
     def generate(

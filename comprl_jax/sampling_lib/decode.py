@@ -70,6 +70,7 @@ def decode(
     pad_id: int,
     extend_fn: Any,
     window: int | None = None,
+    prefill_groups: int = 1,
 ) -> GenerationResult:
     """Prefill + decode for one turn. Pure; jit it with the keyword-only arguments static.
 
@@ -91,6 +92,8 @@ def decode(
       window: static; when set below the cache length S, the turn runs on the first ``window`` slots only (every
         row's context + this turn fits in them) and writes them back at the end. Attention cost per step then
         scales with the live context, not with the cache's capacity.
+      prefill_groups: static; the input goes through the model in this many row groups (a divisor of B), which
+        bounds the prefill's attention buffers to ``B / prefill_groups`` rows (see :func:`_prefill`).
     Returns:
       A :class:`GenerationResult` with device arrays and the updated cache.
     """
@@ -104,7 +107,7 @@ def decode(
     # Only each row's last valid input column goes through the output head (the distribution of its first new
     # token): full [B, T, V] float32 logits of a 32 x 2k prefill are 12 GiB for SmolLM2's 49k vocabulary.
     last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
-    first_logits, cache = extend_fn(graphdef, params, cache, tokens, num_new, last)
+    first_logits, cache = _prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, prefill_groups)
     first_logits = first_logits.astype(jnp.float32)
 
     def emit(c, step_logits):
@@ -185,6 +188,60 @@ def decode(
     )
 
 
+def _prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: int):
+    """The turn's input through ``extend_fn``, ``groups`` row groups one after another (a ``fori_loop``).
+
+    Why: attention over a long input holds ``[rows, heads, QUERY_CHUNK, S]`` float32 scores per query chunk; for
+    32 rows x 2k tokens of SmolLM2 that is gigabytes. Groups bound it to ``rows / groups``. Group ``g`` is rows
+    ``g, g + groups, ...`` (strided), so on a mesh every device keeps its share of every group. Same values as one
+    call: rows are independent.
+
+    Returns:
+      ``(logits [B, V] at column last[b], cache)``.
+    """
+    if groups <= 1:
+        return extend_fn(graphdef, params, cache, tokens, num_new, last)
+    B, T = tokens.shape
+    if B % groups:
+        raise ValueError(f"prefill_groups={groups} must divide the batch {B}")
+    r = B // groups
+
+    def split(x, axis):  # [..., B, ...] -> [..., r, groups, ...]: row b = (b // groups, b % groups)
+        return x.reshape(x.shape[:axis] + (r, groups) + x.shape[axis + 1 :])
+
+    toks, nn, at = split(tokens, 0), split(num_new, 0), split(last, 0)
+
+    def body(g, carry):
+        k, v, lengths, logits = carry
+        sub = cache.replace(k=k[:, :, g], v=v[:, :, g], lengths=lengths[:, g])
+        lg, sub = extend_fn(graphdef, params, sub, toks[:, g], nn[:, g], at[:, g])
+        k = jax.lax.dynamic_update_index_in_dim(k, sub.k, g, axis=2)
+        v = jax.lax.dynamic_update_index_in_dim(v, sub.v, g, axis=2)
+        lengths = jax.lax.dynamic_update_index_in_dim(lengths, sub.lengths, g, axis=1)
+        logits = jax.lax.dynamic_update_index_in_dim(logits, lg.astype(logits.dtype), g, axis=1)
+        return k, v, lengths, logits
+
+    V = jax.eval_shape(
+        lambda: extend_fn(
+            graphdef,
+            params,
+            cache.replace(k=cache.k[:, :r], v=cache.v[:, :r], lengths=cache.lengths[:r]),
+            tokens[:r],
+            num_new[:r],
+            last[:r],
+        )
+    )[0].shape[-1]
+    init = (
+        split(cache.k, 1),
+        split(cache.v, 1),
+        split(cache.lengths, 0),
+        jnp.zeros((r, groups, V), jnp.float32),
+    )
+    k, v, lengths, logits = jax.lax.fori_loop(0, groups, body, init)
+    merge = lambda x, axis: x.reshape(x.shape[:axis] + (B,) + x.shape[axis + 2 :])  # noqa: E731
+    return merge(logits, 0), cache.replace(k=merge(k, 1), v=merge(v, 1), lengths=merge(lengths, 0))
+
+
 def make_decode_fn(extend_fn: Any, wrap: Any = None):
     """``jax.jit`` of :func:`decode` for one model's ``extend``; the cache argument is donated.
 
@@ -210,6 +267,7 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
         stop_ids,
         pad_id,
         window=None,
+        prefill_groups=1,
     ):
         return decode(
             graphdef,
@@ -226,10 +284,14 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
             pad_id=pad_id,
             extend_fn=extend_fn,
             window=window,
+            prefill_groups=prefill_groups,
         )
 
     if wrap is not None:
         fn = wrap(fn)
     return jax.jit(
-        fn, static_argnums=(0,), static_argnames=("sp", "stop_ids", "pad_id", "window"), donate_argnums=(2,)
+        fn,
+        static_argnums=(0,),
+        static_argnames=("sp", "stop_ids", "pad_id", "window", "prefill_groups"),
+        donate_argnums=(2,),
     )
