@@ -35,6 +35,17 @@ _GOALS = {
 }
 
 
+def _end_message(success: bool, status: int, nle_env) -> str:
+    """The message line of the final observation (NLE shows nothing once the game is over)."""
+    if success:
+        return "You reached the goal: the task is complete."
+    try:
+        name = nle_env.StepStatus(status).name.lower().replace("_", " ")
+    except ValueError:
+        name = f"end status {status}"
+    return f"The game is over ({name}): the task failed."
+
+
 def _family(env_name: str) -> str:
     for fam in _GOALS:
         if f"-{fam}-" in env_name:
@@ -138,7 +149,12 @@ class MiniHackTextEnv(TextEnv):
         obs, _, term, trunc, nle_info = self._nle.step(self._index[name])
         status = int(nle_info.get("end_status", 0))
         success = status == self._success_status
-        text = self._render(obs)
+        if term and not np.any(obs["chars"]):
+            # NLE blanks every observation array once the game is over (a NUL map of 21 x 79): keep the last
+            # map and say how the episode ended, so the transcript the extractor distils ends on a readable line.
+            text = mt.observation_text(_end_message(success, status, self._nle), *self._last_view)
+        else:
+            text = self._render(obs)
         info = {"invalid_action": False, "success": success, "end_status": status}
         # NLE's own truncation (step limit) cannot fire before ours; any other end (death) is a failed episode.
         return text, float(success), bool(term or trunc), info
