@@ -27,6 +27,7 @@ CORE = [
     "rapidfuzz>=3,<4",
     "jax-smi>=1.0.4,<2",
     "tensorboardX>=2.6,<3",
+    "tensorboard>=2.16,<3",  # the viewer the demo points to (tensorboardX only writes)
     "matplotlib>=3.8,<4",
     "tqdm>=4.66,<5",
     "psutil>=5.9,<8",
@@ -49,6 +50,7 @@ setup(
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
             "hypothesis>=6.100,<7",
+            "filelock>=3.12,<4",  # JAX's lock around a shared persistent compilation cache (tests)
             "jupytext>=1.16,<2",
             "nbclient>=0.10,<1",
             "ipykernel>=6.29,<8",

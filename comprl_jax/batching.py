@@ -28,6 +28,7 @@ def pack(
     pad_id: int,
     length: int | None = None,
     rows: int | None = None,
+    logprobs: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Right-pads sequences into a batch.
 
@@ -37,9 +38,10 @@ def pack(
       pad_id: filler id.
       length: T (default: bucket of the longest).
       rows: pad the batch to this many rows with empty (all-masked) rows, for a fixed micro-batch split.
+      logprobs: optional B lists aligned with ``sequences`` (the sampler's behaviour log-probabilities).
     Returns:
       ``tokens [R, T] int32``, ``positions [R, T] int32``, ``attn_mask [R, T] bool``, ``loss_mask [R, T] float32``,
-      ``row_valid [R] bool``.
+      ``row_valid [R] bool``, and with ``logprobs`` also ``behaviour_logprobs [R, T] float32``.
     """
     if len(sequences) != len(loss_masks):
         raise ValueError(f"{len(sequences)} sequences but {len(loss_masks)} loss masks")
@@ -51,6 +53,9 @@ def pack(
     tokens = np.full((R, T), pad_id, np.int32)
     attn = np.zeros((R, T), bool)
     loss = np.zeros((R, T), np.float32)
+    lps = np.zeros((R, T), np.float32) if logprobs is not None else None
+    if logprobs is not None and len(logprobs) != len(sequences):
+        raise ValueError(f"{len(sequences)} sequences but {len(logprobs)} logprob lists")
     for i, (s, m) in enumerate(zip(sequences, loss_masks, strict=False)):
         if len(s) != len(m):
             raise ValueError(f"sequence {i}: {len(s)} tokens but a loss mask of {len(m)}")
@@ -59,13 +64,20 @@ def pack(
         tokens[i, : len(s)] = s
         attn[i, : len(s)] = True
         loss[i, : len(s)] = m
+        if lps is not None:
+            if len(logprobs[i]) != len(s):
+                raise ValueError(f"sequence {i}: {len(s)} tokens but {len(logprobs[i])} logprobs")
+            lps[i, : len(s)] = logprobs[i]
     positions = np.broadcast_to(np.arange(T, dtype=np.int32), (R, T)).copy()
     row_valid = np.zeros((R,), bool)
     row_valid[: len(sequences)] = True
-    return {
+    out = {
         "tokens": tokens,
         "positions": positions,
         "attn_mask": attn,
         "loss_mask": loss,
         "row_valid": row_valid,
     }
+    if lps is not None:
+        out["behaviour_logprobs"] = lps
+    return out

@@ -111,15 +111,19 @@ class RunCheckpointer:
             arrays[k] = np.zeros(shape, np.dtype(dtype))
         return restored["train"], arrays, host
 
-    def restore_latest(self, abstract_train: Any):
+    def restore_latest(self, abstract_train: Any, accept: Any = None):
         """Newest readable step: ``(step, train, arrays, host)``, or None when the directory holds no step.
 
         A step that fails to restore (truncated file, bad JSON, missing item) is skipped with a warning naming
-        the step and the error, and the previous step is tried.
+        the step and the error, and the previous step is tried. ``accept(step, train, arrays, host)`` loads the
+        rest of the run state that belongs to the step (the experience store); when it raises, the step is
+        skipped the same way, so a run never stays stuck on a step whose side state is unreadable.
         """
         for step in reversed(self.all_steps()):
             try:
                 train, arrays, host = self.restore(step, abstract_train)
+                if accept is not None:
+                    accept(step, train, arrays, host)
             except Exception as err:  # noqa: BLE001 -- any unreadable step means: fall back
                 log.warning(
                     "checkpoint step %d in %s is unreadable (%s: %s); falling back to the previous step",

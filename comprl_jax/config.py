@@ -4,19 +4,77 @@ Every experiment file in ``configs/`` builds on :func:`base_config` (the paper's
 applies a variant: ``""`` (paper scale, real model names), ``"tiny"`` (this CPU: tiny random-init models,
 constrained decoding, small batches) or ``"smollm"`` (SmolLM2-135M-Instruct as actor and extractor, sized for a GPU).
 Configs are locked: a typo in ``--config.actor.lr`` fails at parse time, and :func:`validate` names any bad value.
+
+Methods (SPEC §8) are data: :data:`METHOD_FLAGS` maps each variant word to the flags the trainer reads
+(``actor.train``, ``extractor.train``, ``experience.enabled``, ``bank.offline``); ``method`` itself is a label for
+tables and plots. Adding a baseline = one entry there.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-METHODS = ("complementary", "baseline", "static_online", "exp_only", "offline")
+# SPEC §8: what each method trains and uses. "custom": any flags (set them with --config.<key>=...).
+METHOD_FLAGS = {
+    "complementary": {
+        "actor.train": True,
+        "extractor.train": True,
+        "experience.enabled": True,
+        "bank.offline": False,
+        "experience.blank": False,
+    },
+    # Outcome-only GRPO: no experience, all K rollouts free, no extractor.
+    "baseline": {
+        "actor.train": True,
+        "extractor.train": False,
+        "experience.enabled": False,
+        "bank.offline": False,
+        "experience.blank": False,
+    },
+    # The full loop with a frozen extractor.
+    "static_online": {
+        "actor.train": True,
+        "extractor.train": False,
+        "experience.enabled": True,
+        "bank.offline": False,
+        "experience.blank": False,
+    },
+    # The extractor is trained, the actor frozen.
+    "exp_only": {
+        "actor.train": False,
+        "extractor.train": True,
+        "experience.enabled": True,
+        "bank.offline": False,
+        "experience.blank": False,
+    },
+    # A fixed bank built before training by the frozen extractor from the frozen actor's rollouts, merged once.
+    "offline": {
+        "actor.train": True,
+        "extractor.train": False,
+        "experience.enabled": True,
+        "bank.offline": True,
+        "experience.blank": False,
+    },
+    # Control arm (issue 19): the full loop, but the guided half's experience block is blanked (header, "[No
+    # experience found]" and filler to the same token length) and search & ask is off: what the subgroup split and
+    # the longer prompt do on their own, without any experience content.
+    "blank_exp": {
+        "actor.train": True,
+        "extractor.train": True,
+        "experience.enabled": True,
+        "bank.offline": False,
+        "experience.blank": True,
+        "retrieval.search_and_ask": False,
+    },
+}
+METHODS = (*METHOD_FLAGS, "custom")
 ADV_NORMS = ("mean_std", "mean")
 RATIOS = ("token", "sequence")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
 PLACEMENTS = ("colocated", "disjoint")
+PARTITIONS = ("shared", "task")
 
 
 def _sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> ml_collections.ConfigDict:
@@ -40,6 +98,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.backend = "thread"  # "thread" | "process" (GIL-bound TextWorld/ALFWorld)
     c.env.workers = 8
     c.env.step_timeout_s = 60.0
+    # Held-out evaluation split: "eval" = every held-out split the env registers (ALFWorld valid_unseen, then
+    # valid_seen as a second figure; WebShop's eval goals); seeded envs use held-out seeds. See envs/registry.py.
     c.env.eval_split = "eval"
 
     c.rollout = ml_collections.ConfigDict()
@@ -50,8 +110,15 @@ def base_config() -> ml_collections.ConfigDict:
         0  # episodes played at once (0 = the whole step); must divide the step's episodes
     )
 
+    c.experience = ml_collections.ConfigDict()
+    c.experience.enabled = True  # retrieval, bank and extractor at all (False: the outcome-only baseline)
+    # Control arm (method blank_exp): the guided half sees the experience header and filler of the same token length
+    # instead of the retrieved entries (everything else runs as in the full method).
+    c.experience.blank = False
+
     c.actor = ml_collections.ConfigDict()
     c.actor.model = "Qwen/Qwen2.5-7B-Instruct"  # HF folder path, preset name, or "tiny"
+    c.actor.train = True  # False: the actor is frozen (Exp. Only)
     c.actor.lr = 1e-6
     c.actor.weight_decay = 0.0
     c.actor.grad_clip = 1.0
@@ -63,8 +130,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.subgroup_mean = True  # J = 1/2 sum_c (subgroup means), paper Eq. 4; False = released code
     c.actor.warmup_steps = 0
     c.actor.micro_batch = 8
-    c.actor.self_distill_coef = 0.0  # SPEC §7, off
-    c.actor.actor_critic = False  # SPEC §7, off
+    # Optimizer steps per rollout batch (ROLL/verl's ppo_mini_batch): the batch is cut into this many strided
+    # mini-batches; old log-probs stay those of the pre-update policy, so from the second one on rho != 1.
+    c.actor.updates_per_batch = 1
+    # SPEC §7 self-distillation: weight of an SFT term on guided trajectories that beat their group's free mean,
+    # trained with the experience stripped from their context (0 = off).
+    c.actor.self_distill_coef = 0.0
+    # SPEC §7 actor-critic: the actor accepts / refines / rejects each retrieved entry before using it; the entry's
+    # extractor reward becomes s + r with s = 1 / 0.5 / 0.
+    c.actor.actor_critic = False
     c.actor.sampling = _sampling(0.99, 0.99, 100, 4096)
     c.actor.constrained = False  # device-side action automaton (tiny models)
     # Update memory (launch/plan_memory.py --paper): per-layer remat, and the output head scored logits_chunk
@@ -80,8 +154,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.cispo_eps = 0.1
     c.extractor.loss_agg = "token_mean"
     c.extractor.buffer_size = 64
-    c.extractor.cooldown = 1  # Eq. 7 delta
-    c.extractor.alpha = 0.5  # Eq. 7
+    c.extractor.cooldown = 1  # Eq. 7 delta, in extractor updates (1 = never twice in one update)
+    c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
+    c.extractor.recency_tau = (
+        2.0  # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in extractor updates; 0 = off
+    )
     c.extractor.distill_from = "all"
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
@@ -91,7 +168,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.constrained = False
     c.extractor.remat = True
     c.extractor.logits_chunk = 2048
-    c.extractor.update = True  # False: Static Online Exp.
+    c.extractor.train = True  # False: a frozen extractor (Static Online Exp., Offline Exp., and the baseline)
 
     c.bank = ml_collections.ConfigDict()
     c.bank.capacity = 20000
@@ -100,24 +177,32 @@ def base_config() -> ml_collections.ConfigDict:
     c.bank.merge_every = 5
     c.bank.merge_chunk = 5
     c.bank.merge = True
-    c.bank.offline_build_steps = (
-        5  # Offline Exp.: steps that build the bank (actor frozen) before it is fixed
-    )
+    # "shared": one bank for every task of the mixture (the paper's: experience transfers across tasks; entries
+    # still record their task); "task": one partition per task, search and merge inside it.
+    c.bank.partition = "shared"
+    # Offline Exp.: rollout rounds (frozen actor, frozen extractor) build the bank before step 0, outside
+    # train.steps; the bank is then merged once and fixed (no distillation or merge during training).
+    c.bank.offline = False
+    c.bank.offline_build_steps = 5
 
     c.retrieval = ml_collections.ConfigDict()
     c.retrieval.k = 1
     c.retrieval.candidates = 16
     c.retrieval.lam = 0.4
-    c.retrieval.window_s = 300.0
     c.retrieval.dropout = 0.5
+    # The embedder: "minilm" (CPU), or a local Qwen3-Embedding Hugging Face folder (the paper's
+    # Qwen3-Embedding-0.6B; last-token pooling, query instruction, normalised). A hub name fails with the command
+    # that downloads it.
     c.retrieval.embedder = "Qwen/Qwen3-Embedding-0.6B"
     c.retrieval.search_and_ask = True
     c.retrieval.search_and_ask_max = 2
     c.retrieval.search_and_ask_guided_only = True
-    # Recency clock of Eq. 6. "logical": step * seconds_per_step (deterministic: exact resume, reproducible
-    # tests); "wall": time.time() as in the released code.
-    c.retrieval.clock = "logical"
-    c.retrieval.seconds_per_step = 60.0
+    # Recency clock of Eq. 6. "step": the rollout step (deterministic: exact resume, reproducible tests), window
+    # retrieval.window_steps (1 = retrieved earlier in the same step: the paper's 300 s is well under one of its
+    # steps); "wall": time.time() as in the released code, window retrieval.window_s.
+    c.retrieval.clock = "step"
+    c.retrieval.window_steps = 1
+    c.retrieval.window_s = 300.0
 
     c.manager = ml_collections.ConfigDict()
     c.manager.query_batch = 16
@@ -127,9 +212,13 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 145
-    c.train.eval_every = 0  # 0 = only at the end
-    c.train.eval_tasks = 128
-    c.train.log_every = 1
+    c.train.eval_every = (
+        0  # held-out evaluation every N steps too (eval/* in the metrics row); 0 = only at the end
+    )
+    c.train.eval_tasks = 128  # held-out tasks per env (and split); each played group_size/2 times
+    c.train.log_every = (
+        1  # write a metrics row (and fetch device metrics) every N steps; the last step always
+    )
 
     c.mesh = ml_collections.ConfigDict()
     # Each role's mesh is (data, fsdp, tensor) over its devices (one -1 = fill). "colocated": actor and extractor
@@ -152,15 +241,28 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def _get(c: ml_collections.ConfigDict, dotted: str):
+    node = c
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _set(c: ml_collections.ConfigDict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    node = c
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+
+
 def apply_method(c: ml_collections.ConfigDict, method: str) -> ml_collections.ConfigDict:
-    """SPEC §8 baselines as config edits."""
+    """SPEC §8 methods as config flags (:data:`METHOD_FLAGS`); ``method`` becomes the run's label."""
     if method not in METHODS:
         raise ValueError(f"method {method!r} unknown; choose one of {METHODS} (config key method)")
     c.method = method
-    if method == "static_online":
-        c.extractor.update = False
-    if method == "offline":
-        c.extractor.update = False
+    for key, value in METHOD_FLAGS.get(method, {}).items():
+        _set(c, key, value)
     return c
 
 
@@ -178,6 +280,24 @@ def _check(cond: bool, key: str, msg: str) -> None:
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the first bad key."""
     _check(c.method in METHODS, "method", f"{c.method!r} not in {METHODS}")
+    flags = METHOD_FLAGS.get(c.method, {})
+    off = [f"{k}={_get(c, k)} (method {c.method!r} means {v})" for k, v in flags.items() if _get(c, k) != v]
+    _check(
+        not off,
+        "method",
+        f"the method's flags were changed: {', '.join(off)}; pick the method with the config's variant word "
+        f"(e.g. configs/x.py:tiny,baseline) or set --config.method=custom to combine flags freely",
+    )
+    _check(
+        c.experience.enabled or not (c.extractor.train or c.bank.offline),
+        "experience.enabled",
+        "is False, so extractor.train and bank.offline must be False too (no bank, no extractor)",
+    )
+    _check(
+        c.experience.enabled or not c.experience.blank,
+        "experience.blank",
+        "needs experience.enabled (the blanked block replaces retrieved experience)",
+    )
     _check(len(c.env.tasks) >= 1, "env.tasks", "needs at least one env id")
     _check(c.env.max_turns > 0, "env.max_turns", "must be positive")
     _check(c.env.backend in ("thread", "process"), "env.backend", "must be 'thread' or 'process'")
@@ -188,6 +308,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
     )
     _check(c.rollout.tasks_per_step >= 1, "rollout.tasks_per_step", "must be >= 1")
     _check(c.rollout.rows_per_wave >= 0, "rollout.rows_per_wave", "must be >= 0 (0 = all episodes at once)")
+    episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
+    _check(
+        c.rollout.rows_per_wave == 0 or episodes % min(c.rollout.rows_per_wave, episodes) == 0,
+        "rollout.rows_per_wave",
+        f"={c.rollout.rows_per_wave} must divide the {episodes} episodes of a step "
+        "(rollout.tasks_per_step x rollout.group_size x len(env.tasks)), or be 0 (all at once)",
+    )
+    _check(c.actor.updates_per_batch >= 1, "actor.updates_per_batch", "must be >= 1")
+    _check(c.actor.self_distill_coef >= 0, "actor.self_distill_coef", "must be >= 0 (0 = off)")
+    _check(c.extractor.cooldown >= 0, "extractor.cooldown", "must be >= 0 (extractor updates)")
+    _check(c.extractor.alpha >= 0, "extractor.alpha", "must be >= 0")
+    _check(c.extractor.recency_tau >= 0, "extractor.recency_tau", "must be >= 0 (0 = no recency factor)")
+    _check(c.bank.offline_build_steps >= 1, "bank.offline_build_steps", "must be >= 1")
+    _check(c.retrieval.search_and_ask_max >= 0, "retrieval.search_and_ask_max", "must be >= 0")
+    _check(c.retrieval.window_steps >= 0, "retrieval.window_steps", "must be >= 0")
+    _check(c.manager.embed_workers >= 1, "manager.embed_workers", "must be >= 1")
+    _check(c.manager.search_workers >= 1, "manager.search_workers", "must be >= 1")
+    _check(c.train.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = only at the end)")
+    _check(c.train.log_every >= 1, "train.log_every", "must be >= 1")
+    _check(c.train.eval_tasks >= 1, "train.eval_tasks", "must be >= 1")
     _check(c.actor.adv_norm in ADV_NORMS, "actor.adv_norm", f"{c.actor.adv_norm!r} not in {ADV_NORMS}")
     _check(c.actor.ratio in RATIOS, "actor.ratio", f"{c.actor.ratio!r} not in {RATIOS}")
     _check(c.actor.loss_agg in LOSS_AGGS, "actor.loss_agg", f"{c.actor.loss_agg!r} not in {LOSS_AGGS}")
@@ -201,6 +341,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.mesh.extractor_tensor >= 0, "mesh.extractor_tensor", "must be >= 0 (0 = mesh.tensor)")
     _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
     _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
+    _check(c.bank.partition in PARTITIONS, "bank.partition", f"{c.bank.partition!r} not in {PARTITIONS}")
     _check(c.bank.capacity >= 1, "bank.capacity", "must be >= 1")
     _check(
         c.bank.merge_every >= 1 and c.bank.merge_chunk >= 1,
@@ -213,7 +354,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "must be >= retrieval.k >= 1",
     )
     _check(0.0 <= c.retrieval.dropout <= 1.0, "retrieval.dropout", "must be in [0, 1]")
-    _check(c.retrieval.clock in ("logical", "wall"), "retrieval.clock", "must be 'logical' or 'wall'")
+    _check(c.retrieval.clock in ("step", "wall"), "retrieval.clock", "must be 'step' or 'wall'")
     _check(c.mesh.placement in PLACEMENTS, "mesh.placement", f"not in {PLACEMENTS}")
     _check(0.0 < c.mesh.actor_fraction < 1.0, "mesh.actor_fraction", "must be in (0, 1)")
     _check(c.mesh.num_devices >= 0, "mesh.num_devices", "must be >= 0 (0 = all devices)")
@@ -279,9 +420,8 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.extractor.lr = 1e-3
         c.actor.constrained = True
         c.extractor.constrained = True
-        c.actor.sampling = _sampling(
-            1.0, 1.0, 0, 32
-        )  # a constrained action may be spelled in up to 26 tokens
+        # A constrained action may be spelled in up to 26 tokens, a search & ask question in up to ~50.
+        c.actor.sampling = _sampling(1.0, 1.0, 0, 64)
         c.extractor.sampling = _sampling(1.0, 1.0, 0, 192)
         c.actor.micro_batch = 4
         c.extractor.micro_batch = 4
@@ -304,7 +444,6 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.train.eval_tasks = 8
         c.checkpoint.every = 5
         c.bank.offline_build_steps = 1
-        c.retrieval.search_and_ask = False
         c.manager.search_workers = 2
         c.manager.embed_workers = 1
         c.mesh.num_devices = 1  # tiny batches stay on one device; --config.mesh.num_devices=0 uses them all

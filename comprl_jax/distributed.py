@@ -304,7 +304,7 @@ def host_digest(track: Any, extra: Any = None) -> str:
             h.update(json.dumps(_jsonable(list(bank.op_log)), sort_keys=True, default=str).encode())
             h.update(json.dumps(_jsonable(sorted(mgr.buffer.samples)), default=str).encode())
             h.update(json.dumps(_jsonable(dict(mgr.counts)), sort_keys=True).encode())
-        h.update(str(track.calls).encode())
+        h.update(f"{track.calls}/{track.version}".encode())
     return h.hexdigest()
 
 

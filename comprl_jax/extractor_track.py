@@ -3,8 +3,13 @@ retrieval for guided rollouts, distillation of finished trajectories, periodic m
 extractor's training buffer, and the generation function the manager calls (the extractor's sampler).
 
 Determinism: the trainer calls every mutating method at fixed points of a step and in a fixed order; the
-generation key of the n-th extractor call is ``fold_in(key(seed), n)`` (n is checkpointed); the Eq. 6 clock is
-logical by default (``step * retrieval.seconds_per_step``). A resumed run therefore replays bit-identically.
+generation key of the n-th extractor call is ``fold_in(key(seed), n)`` (n is checkpointed); the Eq. 6 clock counts
+rollout steps by default (``retrieval.clock="step"``, window ``retrieval.window_steps``). A resumed run therefore
+replays bit-identically. Evaluation uses read-only searches and its own PRNG stream, so it changes nothing here.
+
+Every extractor call returns :class:`~comprl_jax.experience.sample.Generation`s: the sampled ids, the prompt ids
+the sampler consumed, the behaviour logprobs and the extractor version (updates so far) that wrote them. They are
+the extractor's off-policy training samples (CISPO's importance weight needs the writer's logprobs).
 Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
 while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
 
@@ -38,6 +43,7 @@ from comprl_jax.experience import (
     ManagerConfig,
     RetrievalConfig,
 )
+from comprl_jax.experience.sample import Generation
 from comprl_jax.rollout import Trajectory
 
 _WORD = r"[a-z][a-z ,]{0,%d}"
@@ -58,6 +64,7 @@ class ExtractorTrack:
         c = self.c = config
         self.sampler, self.tokenizer, self.seed = sampler, tokenizer, seed
         self.calls = 0  # extractor generation calls so far (keys are derived from it)
+        self.version = 0  # extractor updates applied to the sampler's weights (staleness of samples)
         self._now = 0.0
         self.search_ms: list[float] = []
         self.inline = jax.process_count() > 1
@@ -73,26 +80,32 @@ class ExtractorTrack:
                 max_entry_chars=c.extractor.max_entry_chars,
                 key=c.bank.key,
                 index=index,
+                partition=c.bank.partition,
             ),
             retrieval_cfg=RetrievalConfig(
                 top_k=c.retrieval.k,
                 num_candidates=c.retrieval.candidates,
                 lam=c.retrieval.lam,
-                window_s=c.retrieval.window_s,
+                window=c.retrieval.window_s if c.retrieval.clock == "wall" else c.retrieval.window_steps,
                 dropout=c.retrieval.dropout,
             ),
             buffer_cfg=BufferConfig(
-                batch_size=c.extractor.buffer_size, cooldown=c.extractor.cooldown, alpha=c.extractor.alpha
+                batch_size=c.extractor.buffer_size,
+                cooldown=c.extractor.cooldown,
+                alpha=c.extractor.alpha,
+                recency_tau=c.extractor.recency_tau,
             ),
             cfg=ManagerConfig(
                 batch=c.manager.query_batch,
                 t_max_s=c.manager.t_max_ms / 1000.0,
                 workers=c.manager.search_workers,
+                embed_workers=c.manager.embed_workers,
                 merge_chunk=c.bank.merge_chunk,
                 seed=seed,
             ),
             clock=lambda: self._now,
             start_threads=False,  # the trainer drives it at fixed points (determinism)
+            query_embed_fn=getattr(embedder, "embed_query", None),
         )
         self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
         from comprl_jax.sampling import SamplingParams
@@ -108,11 +121,17 @@ class ExtractorTrack:
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="extractor-track")
 
     # -- the manager's extractor_fn --------------------------------------------------------------------
-    def _extract(self, prompts: Sequence[str]) -> list[str]:
+    def _extract(self, prompts: Sequence[str]) -> list[Generation]:
+        """The training stream: the n-th call uses ``fold_in(key(seed + 7919), n)``."""
         if not prompts:
             return []
         key = jax.random.fold_in(jax.random.key(self.seed + 7919), self.calls)
         self.calls += 1
+        return self.generate(prompts, key)
+
+    def generate(self, prompts: Sequence[str], key) -> list[Generation]:
+        """One batched extractor call: chat template, left-truncation to the context, constrained ops for tiny
+        extractors. Returns the text and the exact token record of every response."""
         tok = self.tokenizer
         ids = [
             tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)[0]
@@ -123,42 +142,67 @@ class ExtractorTrack:
         res = self.sampler.generate(
             ids, key, self.sp, stop_strings=("</answer>",), constraint=self._constraint
         )
-        return [
-            tok.decode(res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True)
-            for b in range(len(prompts))
-        ]
+        out = []
+        for b, prompt_ids in enumerate(ids):
+            n = int(res.lengths[b])
+            sampled = res.tokens[b, :n].tolist()
+            out.append(
+                Generation(
+                    text=tok.decode(sampled, skip_special=True),
+                    prompt_ids=tuple(int(i) for i in prompt_ids),
+                    response_ids=tuple(int(i) for i in sampled),
+                    logprobs=tuple(float(x) for x in res.logprobs[b, :n]),
+                    version=self.version,
+                )
+            )
+        return out
 
     # -- retrieval -------------------------------------------------------------------------------------
     def set_step(self, step: int) -> None:
-        self._now = (
-            time.time() if self.c.retrieval.clock == "wall" else step * self.c.retrieval.seconds_per_step
-        )
+        """The Eq. 6 clock: the rollout step (``retrieval.clock="step"``) or wall seconds (``"wall"``)."""
+        self._now = time.time() if self.c.retrieval.clock == "wall" else float(step)
 
-    def retrieve(self, task_ids: Sequence[str], queries: Sequence[str]) -> list[tuple[str, tuple[int, ...]]]:
-        """(experience block, entry uids) per query, searched in its own task partition."""
+    def retrieve(
+        self, task_ids: Sequence[str], queries: Sequence[str], record: bool = True
+    ) -> list[tuple[str, tuple[int, ...]]]:
+        """(experience block, entry uids) per query, searched in its task's partition (``bank.partition``).
+        ``record=False``: read-only (evaluation)."""
         if not queries:
             return []
         t0 = time.perf_counter()
-        got = self.mgr.search(list(queries), list(task_ids))
-        self.search_ms.append((time.perf_counter() - t0) * 1000.0)
+        got = self.mgr.search(list(queries), list(task_ids), record=record)
+        if record:
+            self.search_ms.append((time.perf_counter() - t0) * 1000.0)
         return [(r.block, tuple(r.uids)) for r in got]
 
-    def ask(self, question: str, situation: str, task_id: str) -> tuple[str | None, str]:
-        """Search & ask (SPEC §5): the extractor rewrites the best hit for the actor's situation."""
-        answer, key, _ = self.mgr.refine(question, situation, task_id)
-        return answer, key
+    def ask_many(
+        self, asks: Sequence[tuple[str, str, str]], record: bool = True, key=None
+    ) -> list[tuple[str | None, str | None]]:
+        """Search & ask (SPEC §5) for ``(question, situation, env_id)`` triples, one extractor call: the extractor
+        rewrites the best hit for each actor's situation. Returns ``(answer or None, sample key or None)``.
+
+        ``record=False`` (evaluation): read-only search, no training sample, and generation on ``key``'s own
+        stream (the training stream's call counter does not move).
+        """
+        fn = None if record else (lambda prompts: self.generate(prompts, key))
+        got = self.mgr.refine_many(list(asks), record=record, extractor_fn=fn)
+        return [(answer, k) for answer, k, _ in got]
 
     # -- per-step bookkeeping ------------------------------------------------------------------------
     def record_outcomes(self, trajs: Sequence[Trajectory]) -> None:
-        """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used, and to each search & ask
-        refinement it received (that call is an extractor training sample too)."""
+        """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used (plus the actor-critic score s when
+        it judged the entry, SPEC §7), and to each search & ask refinement it received (that call is an extractor
+        training sample too). Episodes that failed for infrastructure reasons say nothing and are skipped."""
         for t in trajs:
+            if t.infra_failed:
+                continue
             if t.spec.guided and t.spec.entry_uids:
-                self.mgr.record_outcome(t.spec.entry_uids, t.success)
+                self.mgr.record_outcome(t.spec.entry_uids, t.success, t.spec.critic_score or 0.0)
             for key in t.ask_keys:
                 self.mgr.record_refine_outcome(key, t.success)
 
     def distill_async(self, trajs: Sequence[Trajectory], step: int) -> cf.Future:
+        """Distils this step's finished episodes (``extractor.distill_from``; never infra-failed ones)."""
         reqs = [
             DistillRequest(
                 task_id=t.spec.task.env_id,
@@ -170,7 +214,7 @@ class ExtractorTrack:
                 step=step,
             )
             for t in trajs
-            if self.c.extractor.distill_from == "all" or t.spec.guided
+            if (self.c.extractor.distill_from == "all" or t.spec.guided) and not t.infra_failed
         ]
         if self.inline:
             fut: cf.Future = cf.Future()
@@ -181,11 +225,15 @@ class ExtractorTrack:
     def merge(self, step: int) -> dict:
         return self.mgr.merge(step)
 
-    def pop_batch(self, step: int):
-        return self.mgr.pop_extractor_batch(step)
+    def pop_batch(self):
+        """The next full buffer batch for the next extractor update (``self.version``), or None."""
+        return self.mgr.pop_extractor_batch(self.version)
 
-    def mark_trained(self, batch, step: int) -> None:
-        self.mgr.mark_trained(batch, step)
+    def mark_trained(self, batch) -> None:
+        """The update on ``batch`` is dispatched: its entries' c_train / t_last advance and later generations
+        come from the new weights (``version`` + 1)."""
+        self.mgr.mark_trained(batch, self.version)
+        self.version += 1
 
     def stats(self) -> dict[str, float]:
         m = self.mgr
@@ -213,14 +261,16 @@ class ExtractorTrack:
         np.save(os.path.join(path, "query_cache.npy"), vecs.astype(np.float32), allow_pickle=False)
         tmp = os.path.join(path, "track.json.tmp")
         with open(tmp, "w") as f:
-            json.dump({"calls": self.calls, "query_cache_keys": keys}, f)
+            json.dump({"calls": self.calls, "version": self.version, "query_cache_keys": keys}, f)
         os.replace(tmp, os.path.join(path, "track.json"))
 
     def load(self, path: str) -> None:
         self.mgr.load(path)
-        with open(os.path.join(path, "track.json")) as f:
-            meta = json.load(f)
+        from comprl_jax.experience.persist import read_json
+
+        meta = read_json(os.path.join(path, "track.json"))
         self.calls = int(meta["calls"])
+        self.version = int(meta.get("version", 0))
         vecs = np.load(os.path.join(path, "query_cache.npy"), allow_pickle=False)
         if len(vecs) != len(meta["query_cache_keys"]):
             raise ValueError(

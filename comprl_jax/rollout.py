@@ -26,9 +26,21 @@ import numpy as np
 from comprl_jax.envs.pool import EnvPool
 from comprl_jax.tasks import Task
 
+ASK_OPEN = "<knowledge_search_and_ask>"
 ASK_CLOSE = "</knowledge_search_and_ask>"
 ASK_RE = re.compile(r"<knowledge_search_and_ask>(.*?)</knowledge_search_and_ask>", re.DOTALL)
 ANSWER_OPEN = "<answer>"
+# What the constraint automaton lets a tiny model ask (search & ask): a short lowercase question.
+ASK_QUERY_REGEX = r"[a-z][a-z ]{0,23}"
+
+
+def search_ask_prompt(max_calls: int) -> str:
+    """The tool description added to the system message of episodes that may use search & ask (SPEC §5)."""
+    return (
+        "Tool: you may ask the experience bank a question instead of acting, by replying with "
+        f"{ASK_OPEN}your question{ASK_CLOSE} (no <answer>). The answer comes back as a tool message and does not "
+        f"use up an action. At most {max_calls} questions per episode."
+    )
 
 
 @dataclasses.dataclass
@@ -38,10 +50,20 @@ class EpisodeSpec:
     guided: bool
     experience: str = ""  # formatted experience block ("" for free rollouts)
     entry_uids: tuple = ()  # bank entries shown to this episode
+    can_ask: bool = False  # search & ask available (SPEC §5: guided episodes by default)
+    critic_score: float | None = None  # actor-critic judgement s of the retrieved entry (SPEC §7), if any
 
 
 @dataclasses.dataclass
 class Trajectory:
+    """One finished episode: exactly the token ids the sampler produced and consumed, and what happened.
+
+    ``tokens`` / ``loss_mask`` / ``logprobs`` are aligned: the mask is 1 on sampled tokens, and ``logprobs`` holds
+    the sampler's log-probability of each sampled token (0 elsewhere), the behaviour policy of the update.
+    ``infra_failed``: the env raised, hung or its worker died (pool ``info["failed"]``); such an episode says
+    nothing about the agent and is masked out of advantages, extractor rewards and success rates.
+    """
+
     spec: EpisodeSpec
     tokens: list[int]
     loss_mask: list[int]
@@ -56,6 +78,9 @@ class Trajectory:
     error: str | None = None
     context_full: bool = False  # ended because the actor's context (rollout.max_context) was full
     ask_keys: list = dataclasses.field(default_factory=list)  # search & ask extractor samples used
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    infra_failed: bool = False
+    asks: int = 0  # search & ask calls made
 
     def transcript_text(self, max_chars: int) -> str:
         """``Observation: .. / Action: ..`` lines, keeping the *end* of long episodes (where the outcome is)."""
@@ -67,10 +92,11 @@ class Trajectory:
         return text if len(text) <= max_chars else "...\n" + text[-max_chars:]
 
 
-def system_message(base_prompt: str, experience: str) -> str:
-    """The env's system prompt, plus the retrieved experience block (its header says it is distilled knowledge
-    that may be partly wrong: :func:`comprl_jax.experience.retrieval.format_experience`)."""
-    return f"{base_prompt}\n\n{experience}" if experience else base_prompt
+def system_message(base_prompt: str, experience: str, tool: str = "") -> str:
+    """The env's system prompt, the search & ask tool description (if available to the episode), then the
+    retrieved experience block (its header says it is distilled knowledge that may be partly wrong:
+    :func:`comprl_jax.experience.retrieval.format_experience`)."""
+    return "\n\n".join(x for x in (base_prompt, tool, experience) if x)
 
 
 class Pools:
@@ -85,23 +111,26 @@ class Pools:
         backend: str,
         max_turns: int,
         timeout_s: float,
+        env_kwargs: dict | None = None,
     ):
+        """``env_kwargs``: extra constructor arguments of every env (e.g. ``{"split": "valid_unseen"}``)."""
         from comprl_jax.envs import registry
 
         self.pools: dict[str, EnvPool] = {}
         self.system_prompts: dict[str, str] = {}
         self.action_spaces: dict[str, tuple[tuple[str, ...] | None, str | None]] = {}
+        kwargs = {"max_turns": max_turns, **(env_kwargs or {})}
         for env_id in env_ids:
             self.pools[env_id] = EnvPool(
                 env_id,
                 slots_per_env,
                 num_workers=workers,
                 backend=backend,
-                env_kwargs={"max_turns": max_turns},
+                env_kwargs=kwargs,
                 timeout_s=timeout_s,
             )
             # System prompt and action space are static per env class; read them off one local instance (no reset).
-            env = registry.make(env_id, max_turns=max_turns)
+            env = registry.make(env_id, **kwargs)
             try:
                 self.system_prompts[env_id] = env.system_prompt()
                 actions = getattr(env, "actions", None)
@@ -173,10 +202,13 @@ def run_episodes(
       specs / resets: episodes and their ``(obs, info)`` from :func:`reset_all`.
       sampler: the actor's ``SamplerService``; tokenizer: its ``Tokenizer``; sp: ``SamplingParams``.
       key: PRNG key (split per turn).
-      constraint_for: ``env_id -> TokenAutomaton | None`` (constrained decoding for tiny models).
-      ask: search & ask (SPEC §5) for guided episodes: ``(question, situation, task_id) -> (answer | None, key)``.
-        A reply holding ``<knowledge_search_and_ask>q</knowledge_search_and_ask>`` (at most ``ask_max`` times per
-        episode) is answered as a tool message instead of an env step; the keys are returned per trajectory in
+      max_turns: env actions per episode (the env truncates there); search & ask turns do not count.
+      constraint_for: ``(env_id, can_ask) -> TokenAutomaton | None`` (constrained decoding for tiny models);
+        ``can_ask``: the row may still use search & ask this turn, so its automaton also allows the tool tag.
+      ask: search & ask (SPEC §5) for episodes with ``spec.can_ask``: ``[(question, situation, env_id)] ->
+        [(answer | None, sample key | None)]`` (one batched call per turn). A reply holding
+        ``<knowledge_search_and_ask>q</knowledge_search_and_ask>`` and no ``<answer>`` (at most ``ask_max`` times
+        per episode) is answered as a tool message instead of an env step; the keys are returned per trajectory in
         ``Trajectory.ask_keys`` so the trainer can reward those extractor samples with the episode outcome.
       gather: multi-process exchange (see :func:`reset_all`): env steps of the rows this process owns, then
         all-gathered.
@@ -185,12 +217,12 @@ def run_episodes(
     slot_of = _slots(specs)
     own = set(_own(B, gather))
     conv = sampler.conversation(batch=B, max_len=max_len)
+    tool_text = search_ask_prompt(ask_max) if ask is not None else ""
     first: list[list[int] | None] = []
     for s, (obs, _) in zip(specs, resets, strict=True):
-        msgs = [
-            {"role": "system", "content": system_message(pools.system_prompts[s.task.env_id], s.experience)},
-            {"role": "user", "content": f"Observation: {obs}"},
-        ]
+        base = pools.system_prompts[s.task.env_id]
+        system = system_message(base, s.experience, tool_text if s.can_ask else "")
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"Observation: {obs}"}]
         ids, _ = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
         first.append(ids)
     im_end = tokenizer.special_ids.get("<|im_end|>")
@@ -202,14 +234,39 @@ def run_episodes(
     turns = [0] * B
     invalid = [0] * B
     errors: list[str | None] = [r[1].get("error") for r in resets]
+    infra = [bool(r[1].get("failed", False)) for r in resets]
     context_full = [False] * B
-    asked: list[list[str]] = [[] for _ in range(B)]
+    asked: list[list[str | None]] = [[] for _ in range(B)]
     if ask is not None:
         stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
     pending = first
     t_gen = t_env = 0.0
-    env_ids = sorted({s.task.env_id for s in specs})
-    for _turn in range(max_turns):
+
+    def can_ask(b: int) -> bool:
+        return ask is not None and specs[b].can_ask and len(asked[b]) < ask_max
+
+    def record(b: int, reply: str) -> None:
+        """Transcript line of this turn; after a tool answer the reply belongs to that answer's line."""
+        if (
+            transcripts[b]
+            and transcripts[b][-1][1] == ""
+            and transcripts[b][-1][0].startswith("[search & ask")
+        ):
+            transcripts[b][-1] = (transcripts[b][-1][0], reply)
+        else:
+            transcripts[b].append((obs_now[b], reply))
+
+    def next_input(b: int, message: dict) -> list[int]:
+        """Closes the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0)
+        and appends the next user / tool message with the generation prompt."""
+        ids = conv.ids[b]
+        close = im_end is not None and (not ids or ids[-1] != im_end)
+        cont, _ = tokenizer.encode_chat_continuation([message], add_generation_prompt=True)
+        return ([im_end] if close else []) + cont
+
+    # Each round: one generation per live episode, then env steps (or tool answers). Env steps are bounded by
+    # the envs' truncation at max_turns and tool turns by ask_max, so this ends after max_turns + ask_max rounds.
+    for _round in range(max_turns + (ask_max if ask is not None else 0)):
         if not any(live):
             break
         key, sub = jax.random.split(key)
@@ -218,15 +275,16 @@ def run_episodes(
             if live[b] and len(conv.ids[b]) + len(pending[b]) + sp.max_new_tokens > max_len:
                 live[b] = False
                 context_full[b] = True
-        inputs = [pending[b] if live[b] else None for b in range(B)]
         t0 = time.perf_counter()
-        # One jitted call per env id present (constraints differ per env); usually a single call.
+        # One jitted call per (env id, may ask) group present (constraints differ); usually a single call.
         replies: list[str] = [""] * B
-        for env_id in env_ids:
-            rows = [inputs[b] if specs[b].task.env_id == env_id else None for b in range(B)]
-            if not any(r is not None for r in rows):
-                continue
-            constraint = constraint_for(env_id) if constraint_for else None
+        groups = sorted({(specs[b].task.env_id, can_ask(b)) for b in range(B) if live[b]})
+        for env_id, asking in groups:
+            rows = [
+                pending[b] if live[b] and (specs[b].task.env_id, can_ask(b)) == (env_id, asking) else None
+                for b in range(B)
+            ]
+            constraint = constraint_for(env_id, asking) if constraint_for else None
             res = conv.turn(rows, sub, sp, stop_strings=stop_strings, constraint=constraint)
             for b, r in enumerate(rows):
                 if r is not None:
@@ -234,22 +292,21 @@ def run_episodes(
                         res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True
                     )
         t1 = time.perf_counter()
-        # Search & ask: a guided episode's question is answered by the extractor as a tool turn (no env step).
+        # Search & ask: questions are answered by the extractor as tool turns (no env step), in one batch.
+        questions = {}
+        for b in range(B):
+            q = ASK_RE.search(replies[b]) if live[b] and can_ask(b) else None
+            if q and ANSWER_OPEN not in replies[b]:
+                questions[b] = q.group(1).strip()
         tool_turn: dict[int, str] = {}
-        if ask is not None:
-            for b in range(B):
-                q = ASK_RE.search(replies[b]) if live[b] and specs[b].guided else None
-                if q and len(asked[b]) < ask_max and ANSWER_OPEN not in replies[b]:
-                    answer, sample_key = ask(q.group(1).strip(), obs_now[b], specs[b].task.env_id)
-                    asked[b].append(sample_key)
-                    tool_turn[b] = answer if answer is not None else "[No answer]"
-        for b, answer in tool_turn.items():
-            ids = conv.ids[b]
-            close = im_end is not None and (not ids or ids[-1] != im_end)
-            cont, _ = tokenizer.encode_chat_continuation(
-                [{"role": "tool", "content": answer}], add_generation_prompt=True
-            )
-            pending[b] = ([im_end] if close else []) + cont
+        if questions:
+            got = ask([(q, obs_now[b], specs[b].task.env_id) for b, q in questions.items()])
+            for b, (answer, sample_key) in zip(questions, got, strict=True):
+                asked[b].append(sample_key)
+                tool_turn[b] = answer if answer is not None else "[No answer]"
+                record(b, replies[b])
+                transcripts[b].append((f"[search & ask answer] {tool_turn[b]}", ""))  # reply: the next turn's
+                pending[b] = next_input(b, {"role": "tool", "content": tool_turn[b]})
         futs = {
             b: pools.pools[specs[b].task.env_id].submit_step(slot_of[b], replies[b])
             for b in range(B)
@@ -261,24 +318,20 @@ def run_episodes(
                 b: tuple(v) for b, v in sorted(gather({b: list(v) for b, v in results.items()}).items())
             }
         for b, (o, r, term, trunc, info) in results.items():
-            transcripts[b].append((obs_now[b], replies[b]))
+            record(b, replies[b])
             turns[b] += 1
             reward[b] += float(r)
             invalid[b] = int(info.get("num_invalid", invalid[b]))
             success[b] = bool(info.get("success", False))
             if info.get("error"):
                 errors[b] = str(info["error"])
+            if info.get("failed"):
+                infra[b] = True
             obs_now[b] = o
             if term or trunc:
                 live[b] = False
                 continue
-            # Close the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0).
-            ids = conv.ids[b]
-            close = im_end is not None and (not ids or ids[-1] != im_end)
-            cont, _ = tokenizer.encode_chat_continuation(
-                [{"role": "user", "content": f"Observation: {o}"}], add_generation_prompt=True
-            )
-            pending[b] = ([im_end] if close else []) + cont
+            pending[b] = next_input(b, {"role": "user", "content": f"Observation: {o}"})
         t_env += time.perf_counter() - t1
         t_gen += t1 - t0
     trajs = []
@@ -291,7 +344,7 @@ def run_episodes(
                 tokens=ids,
                 loss_mask=mask,
                 reward=reward[b],
-                success=success[b],
+                success=success[b] and not infra[b],
                 turns=turns[b],
                 num_invalid=invalid[b],
                 goal=str(info0.get("goal", "")),
@@ -300,18 +353,34 @@ def run_episodes(
                 final_obs=obs_now[b],
                 error=errors[b],
                 context_full=context_full[b],
-                ask_keys=list(asked[b]),
+                ask_keys=[k for k in asked[b] if k is not None],
+                logprobs=conv.logprobs(b),
+                infra_failed=infra[b],
+                asks=len(asked[b]),
             )
         )
     return trajs, {"gen_s": t_gen, "env_s": t_env}
 
 
-def outcome(traj: Trajectory, env_id: str) -> float:
-    """Scalar outcome used as the RL reward: binary success (ALFWorld: +1 / -1, SPEC §2)."""
-    if "ALFWorld" in env_id:
-        return 1.0 if traj.success else -1.0
-    return 1.0 if traj.success else 0.0
+def outcome(traj: Trajectory) -> float:
+    """Scalar outcome used as the RL reward: 1 on success, else the env's failure reward (ALFWorld: -1, SPEC §2;
+    registered with the env, :func:`comprl_jax.envs.registry.failure_reward`)."""
+    from comprl_jax.envs.registry import failure_reward
+
+    return 1.0 if traj.success else failure_reward(traj.spec.task.env_id)
 
 
 def success_rate(trajs: Sequence[Trajectory]) -> float:
-    return float(np.mean([t.success for t in trajs])) if trajs else 0.0
+    """Binary success over the episodes that did not fail for infrastructure reasons."""
+    ok = [t.success for t in trajs if not t.infra_failed]
+    return float(np.mean(ok)) if ok else float("nan")
+
+
+def corpus_strings(ask_max: int = 2) -> list[str]:
+    """Strings of the actor's prompts built here (a tiny run's tokenizer is trained on them)."""
+    return [
+        "Observation: ",
+        search_ask_prompt(ask_max),
+        f"{ASK_OPEN}where are the stairs{ASK_CLOSE}",
+        "[search & ask answer] [No answer]",
+    ]

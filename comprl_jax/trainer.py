@@ -1,33 +1,34 @@
 """The Complementary RL loop (SPEC §6) with every baseline of §8, exact resume, metrics and evaluation.
 
-Step s (sections below follow this order):
+Step s (:meth:`Trainer.train_step` follows this order):
   1. tasks      draw tasks x K rollouts; K/2 guided (retrieved entry in the system prompt), K/2 free.
-  2. rollout    play all episodes (env pools <-> actor sampler), token in / token out.
-  3. advantages subgroup-normalised (guided vs free) outcome advantages.
-  4. extractor  record entry rewards; start distilling this step's trajectories in the background thread.
-  5. actor      old logprobs + one PPO-clip update (overlaps the extractor's generation via async dispatch).
-  6. bank       apply the distilled ops in trajectory order; merge every ``bank.merge_every`` steps;
-                an extractor CISPO update whenever the buffer holds ``extractor.buffer_size`` samples.
-  7. log / checkpoint.
+  2. rollout    play all episodes (env pools <-> actor sampler), token in / token out; guided episodes may use
+                search & ask (the extractor answers as a tool turn).
+  3. advantages subgroup-normalised (guided vs free) outcome advantages; infra failures masked out.
+  4. extractor  record entry rewards into the buffer; start distilling this step's trajectories.
+  5. actor      ``actor.updates_per_batch`` PPO-clip steps on the batch (overlaps the distillation).
+  6. bank       apply the distilled ops; merge every ``bank.merge_every`` steps; one extractor CISPO update per
+                full buffer batch.
+  7. metrics / checkpoint.
 All bank mutations happen at fixed points of the step in a fixed order, so a resumed run is bit-identical.
 
-Devices (``mesh`` config, :mod:`comprl_jax.distributed`): one device -> no mesh; otherwise each role gets a
-``(data, fsdp, tensor)`` mesh, shared (``colocated``) or on disjoint devices (``disjoint``: the extractor's update is
-dispatched at the end of step s and joined after step s+1's rollout, so the two run at the same time; its metrics
-still land in row s). Several processes: replicated host state over SPMD device state (see distributed.py).
+Methods are flags (:data:`comprl_jax.config.METHOD_FLAGS`): ``actor.train``, ``extractor.train``,
+``experience.enabled`` and ``bank.offline`` (the offline bank is built before step 0, outside ``train.steps``).
 
-Baselines: ``baseline`` (no experience, all K free, no extractor), ``static_online`` (extractor never updated),
-``exp_only`` (actor frozen), ``offline`` (bank built by the frozen extractor during ``actor.warmup_steps``
-with a frozen actor, then fixed).
+Devices (``mesh`` config, :mod:`comprl_jax.distributed`): one device -> no mesh; otherwise each role gets a
+``(data, fsdp, tensor)`` mesh, shared (``colocated``) or on disjoint devices (``disjoint``: the extractor's updates
+are dispatched at the end of step s and joined after step s+1's rollout, so the two run at the same time; their
+metrics still land in row s). Several processes: replicated host state over SPMD device state (distributed.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
+import re
+import shutil
 import threading
 import time
 from typing import Any
@@ -35,125 +36,43 @@ from typing import Any
 import jax
 import numpy as np
 
-from comprl_jax import batching
+from comprl_jax import actor_critic as critic_lib
 from comprl_jax import distributed as dist
+from comprl_jax import evaluation, roles
 from comprl_jax import metrics as mlib
-from comprl_jax import sharding as shd
 from comprl_jax.checkpoint import RunCheckpointer
-from comprl_jax.experience.retrieval import format_experience
+from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.extractor_track import ExtractorTrack
-from comprl_jax.model_zoo import LoadedModel, load_model, tiny_tokenizer
-from comprl_jax.models import decoder
-from comprl_jax.rl import (
-    ActorLossConfig,
-    ExtractorLossConfig,
-    OptimConfig,
-    create_train_state,
-    extractor_advantages,
-    make_logprob_fn,
-    make_optimizer,
-    make_update_fn,
-    subgroup_advantages,
-    train_state_shardings,
+from comprl_jax.model_zoo import load_model, tiny_tokenizer
+from comprl_jax.rl import ActorLossConfig, ExtractorLossConfig, self_distillation_select, subgroup_advantages
+from comprl_jax.rollout import (
+    ASK_CLOSE,
+    ASK_OPEN,
+    ASK_QUERY_REGEX,
+    EpisodeSpec,
+    Pools,
+    outcome,
+    reset_all,
+    run_episodes,
+    search_ask_prompt,
 )
-from comprl_jax.rl.update import ChunkedHead
-from comprl_jax.rollout import EpisodeSpec, Pools, outcome, reset_all, run_episodes
-from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
 from comprl_jax.tasks import TaskSampler
+from comprl_jax.train_batches import actor_batch, extractor_batch, strip_experience
 
 log = logging.getLogger(__name__)
 
 
-def _sp(s) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        greedy=s.greedy,
-    )
-
-
 @dataclasses.dataclass
-class Role:
-    """One trained LLM (actor or extractor): model, train state, jitted functions, sampler."""
+class PendingUpdate:
+    """An extractor update in flight: its metrics row, device metrics, host metrics and timing."""
 
-    model: LoadedModel
-    state: Any
-    update: Any
-    logprobs: Any
-    sampler: SamplerService
-    mesh: Any = None  # the role's device mesh (None: one device, unsharded)
-
-
-def _scorer(graphdef, remat: bool, logits_chunk: int):
-    """The model as the updates see it: plain logits, or trunk + output head scored ``logits_chunk`` positions
-    at a time (:class:`~comprl_jax.rl.update.ChunkedHead`); ``remat`` recomputes each layer in the backward."""
-    if not logits_chunk:
-        return functools.partial(decoder.forward, graphdef, remat=remat)
-    return ChunkedHead(
-        functools.partial(decoder.forward, graphdef, return_hidden=True, remat=remat),
-        functools.partial(decoder.logits_from_hidden, graphdef),
-        logits_chunk,
-    )
-
-
-def _role(model: LoadedModel, kind: str, c, loss_cfg, batch_rows: int, mesh=None) -> Role:
-    """``batch_rows``: rows of every update batch of this role (fixed: one rollout batch / one buffer pop)."""
-    if batch_rows % c.micro_batch:
-        raise ValueError(
-            f"config key {kind}.micro_batch={c.micro_batch} must divide the {kind} batch of {batch_rows} rows"
-        )
-    nb = dist.batch_devices(mesh)
-    if c.micro_batch % nb:
-        raise ValueError(
-            f"config key {kind}.micro_batch={c.micro_batch} must be a multiple of the {nb} devices the {kind} "
-            f"batch is split over (mesh.data x mesh.fsdp of its mesh {dict(mesh.shape)}); raise "
-            f"{kind}.micro_batch, or put devices on mesh.tensor / use fewer with mesh.num_devices"
-        )
-    m = batch_rows // c.micro_batch
-    tx = make_optimizer(OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip))
-    state = create_train_state(model.params, tx, mesh)
-    logits_fn = _scorer(model.graphdef, c.remat, c.logits_chunk)
-    shardings = None if mesh is None else train_state_shardings(state, mesh)
-    update = make_update_fn(
-        logits_fn, kind, loss_cfg, tx, num_micro_batches=m, mesh=mesh, state_shardings=shardings
-    )
-    logprobs = make_logprob_fn(
-        logits_fn,
-        num_micro_batches=m,
-        mesh=mesh,
-        param_shardings=None if shardings is None else shardings.params,
-    )
-    tok = model.tokenizer
-    stop_ids = [i for i in (tok.eos_id, tok.special_ids.get("<|im_end|>")) if i is not None]
-    sampler = (SamplerService if mesh is None else dist.mesh_sampler_cls())(
-        model.graphdef,
-        state.params,
-        model.cfg,
-        vocab=vocab_bytes(tok, model.cfg.vocab_size),
-        stop_token_ids=stop_ids,
-        pad_id=tok.pad_id,
-        mesh=mesh,
-    )
-    return Role(model, state, update, logprobs, sampler, mesh)
-
-
-def _dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Old logprobs with the pre-update params, then one optimizer step; params pushed to the sampler.
-    Returns the metrics as device arrays: nothing here waits for the device (async dispatch)."""
-    if role.mesh is None:
-        batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
-    else:  # the one host->device transfer; each process feeds the rows its devices hold
-        batch = shd.put_batch(batch, role.mesh)
-    batch["old_logprobs"] = role.logprobs(role.state.params, batch)
-    role.state, m = role.update(role.state, batch)
-    role.sampler.update_params(role.state.params)
-    return m
-
-
-def _train_role(role: Role, batch: dict[str, np.ndarray]) -> dict[str, float]:
-    return jax.device_get(_dispatch_update(role, batch))
+    row: dict
+    metrics: Any
+    host: dict
+    step: int
+    t0: float
+    watcher: threading.Thread
+    done: dict
 
 
 class Trainer:
@@ -161,31 +80,33 @@ class Trainer:
         self.c = c = config
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
-        self.experience = c.method != "baseline"
-        self.train_actor = c.method != "exp_only"
-        self.train_extractor = (
-            self.experience and c.extractor.update and c.method not in ("static_online", "offline")
-        )
+        self.experience = bool(c.experience.enabled)
+        self.train_actor = bool(c.actor.train)
+        self.train_extractor = self.experience and bool(c.extractor.train)
+        self.offline = self.experience and bool(c.bank.offline)
         self.tasks = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, c.seed)
-        slots = c.rollout.tasks_per_step * c.rollout.group_size
+        K = c.rollout.group_size
+        slots = c.rollout.tasks_per_step * K
         self.pools = Pools(
             c.env.tasks, slots, c.env.workers, c.env.backend, c.env.max_turns, c.env.step_timeout_s
         )
+        self._eval_pools: dict[str | None, Pools] = {}
         # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
         self.actor_mesh, self.extractor_mesh = dist.build_meshes(c.mesh)
         self.multi = dist.multi()
         self.leader = dist.is_leader()
+        self.search_ask = self.experience and bool(c.retrieval.search_and_ask)
         self.overlap_extractor = (
             self.actor_mesh is not None
             and c.mesh.placement == "disjoint"
-            and not c.retrieval.search_and_ask  # search & ask samples the extractor during rollouts
+            and not self.search_ask  # search & ask samples the extractor during rollouts
         )
-        self._xpending: tuple | None = (
-            None  # an extractor update in flight: (metrics row, device metrics, t0)
-        )
+        self._pending: list[PendingUpdate] = []
         self.timeline: list[dict] = []
         tok = None
-        if "tiny" in (c.actor.model, c.extractor.model):
+        if "tiny" in (c.actor.model, c.extractor.model) or any(
+            str(m).startswith("tiny") for m in (c.actor.model, c.extractor.model)
+        ):
             tok_dir = os.path.join(workdir, "tokenizer")
             # One process trains the vocabulary; the others load it (the run directory is shared).
             if self.leader:
@@ -193,7 +114,15 @@ class Trainer:
             dist.barrier("tiny_tokenizer")
             if not self.leader:
                 tok = tiny_tokenizer([], tok_dir)
-        self.actor = _role(
+        episodes = slots * len(c.env.tasks)
+        self.sft_slots = episodes // 2 if (self.experience and c.actor.self_distill_coef > 0) else 0
+        rows = episodes + self.sft_slots
+        if rows % c.actor.updates_per_batch:
+            raise ValueError(
+                f"config key actor.updates_per_batch={c.actor.updates_per_batch} must divide the {rows} rows of "
+                "the actor batch (tasks x group_size x envs, plus one self-distillation slot per guided episode)"
+            )
+        self.actor = roles.build_role(
             load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed, mesh=self.actor_mesh),
             "actor",
             c.actor,
@@ -202,14 +131,16 @@ class Trainer:
                 ratio=c.actor.ratio,
                 loss_agg=c.actor.loss_agg,
                 subgroup_mean=c.actor.subgroup_mean,
+                sft_coef=c.actor.self_distill_coef if self.sft_slots else 0.0,
             ),
-            slots * len(c.env.tasks),
+            "actor",
+            rows // c.actor.updates_per_batch,
             self.actor_mesh,
         )
         self.extractor = None
         self.track = None
         if self.experience:
-            self.extractor = _role(
+            self.extractor = roles.build_role(
                 load_model(
                     c.extractor.model,
                     role="extractor",
@@ -220,31 +151,38 @@ class Trainer:
                 "extractor",
                 c.extractor,
                 ExtractorLossConfig(clip_eps=c.extractor.cispo_eps, loss_agg=c.extractor.loss_agg),
+                "extractor",
                 c.extractor.buffer_size,
                 self.extractor_mesh,
             )
-            from comprl_jax.models.embedders import get_embedder
+            from comprl_jax.models.embedders import embedder_from_config
 
             self.track = ExtractorTrack(
                 c,
-                get_embedder(c.retrieval.embedder),
+                embedder_from_config(c.retrieval.embedder, mesh=self.extractor_mesh),
                 self.extractor.sampler,
                 self.extractor.model.tokenizer,
                 c.seed,
             )
-        self.actor_sp = _sp(c.actor.sampling)
-        self._constraints: dict[str, Any] = {}
+        self.actor_sp = roles.sampling_params(c.actor.sampling)
+        self._constraints: dict[tuple[str, bool], Any] = {}
         self.step = 0
         self.key = jax.random.key(c.seed)
+        # Actor-critic: the actor's running success per env id ([successes, episodes]), shown to its judgement.
+        self.task_stats: dict[str, list[int]] = {}
+        self.offline_built = False
         self.ckpt = RunCheckpointer(
             os.path.join(workdir, "checkpoints"), c.checkpoint.every, c.checkpoint.max_to_keep
         )
+        self._remove_stale_stores()
 
     # -- set-up helpers ------------------------------------------------------------------------------
     def _corpus(self) -> list[str]:
         """Text the tiny tokenizer is trained on: system prompts, a few real first observations per env, and
-        the extractor's prompt templates and op format."""
+        the strings of the other prompt templates (each module lists its own)."""
+        from comprl_jax import rollout
         from comprl_jax.experience import ops as xops
+        from comprl_jax.experience.retrieval import corpus_strings as retrieval_strings
 
         text = list(self.pools.system_prompts.values())
         for pool in self.pools.pools.values():
@@ -252,36 +190,36 @@ class Trainer:
                 obs, info = pool.submit_reset(0, seed).result()
                 text.append(f"Observation: {obs}")
                 text.append(str(info.get("goal", "")))
-        text += [
-            xops.distill_prompt(
-                "goal", True, "Observation: x\nAction: y", ["<title>a</title><content>b</content>"], 10
-            ),
-            xops.merge_prompt(["<title>a</title><content>b</content>"], 10),
-        ]
-        text += [
-            "Observation: ",
-            '[{"function_name": "add", "parameters": {"new_memory": "',
-            '{"function_name": "return"}',
-        ]
-        lesson = "<title>move east</title><content>the stairs are often east</content>"
-        text += [format_experience([lesson]), format_experience([])]
-        return text
+        return (
+            text
+            + xops.corpus_strings()
+            + rollout.corpus_strings(self.c.retrieval.search_and_ask_max)
+            + retrieval_strings()
+            + critic_lib.corpus_strings()
+        )
 
-    def _constraint(self, env_id: str):
+    def _constraint(self, env_id: str, can_ask: bool = False):
+        """The actor's decoding constraint (tiny / smollm): the env's action set, plus the search & ask tag."""
         if not self.c.actor.constrained:
             return None
-        if env_id not in self._constraints:
+        k = (env_id, can_ask)
+        if k not in self._constraints:
             actions, regex = self.pools.action_spaces[env_id]
-            if actions:  # a static action set (MiniHack, Sokoban)
-                c = self.actor.sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
+            ask = re.escape(ASK_OPEN) + ASK_QUERY_REGEX + re.escape(ASK_CLOSE)
+            sampler = self.actor.sampler
+            if actions and not can_ask:  # a static action set (MiniHack, Sokoban)
+                c = sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
+            elif actions:
+                alternatives = "|".join(re.escape(a) for a in actions)
+                c = sampler.regex_constraint(f"<answer>({alternatives})</answer>|{ask}")
             elif regex:  # else the action syntax (ALFWorld, WebShop)
-                c = self.actor.sampler.regex_constraint(regex)
+                c = sampler.regex_constraint(f"({regex})|{ask}" if can_ask else regex)
             else:
                 raise ValueError(
                     f"actor.constrained needs {env_id} to expose env.actions or env.action_regex"
                 )
-            self._constraints[env_id] = c
-        return self._constraints[env_id]
+            self._constraints[k] = c
+        return self._constraints[k]
 
     # -- state -----------------------------------------------------------------------------------------
     def _train_tree(self):
@@ -293,8 +231,26 @@ class Trainer:
             tree["extractor"] = self.extractor.state
         return tree
 
+    def _host_state(self) -> dict:
+        return {
+            "step": self.step,
+            "tasks": self.tasks.state_dict(),
+            "task_stats": self.task_stats,
+            "offline_built": self.offline_built,
+        }
+
     def _experience_dir(self, step: int) -> str:
         return os.path.join(self.workdir, "experience", str(step))
+
+    def _remove_stale_stores(self) -> None:
+        """``experience/<n>.tmp-*`` / ``.old-*`` folders are left by a kill during a store save: never valid."""
+        root = os.path.join(self.workdir, "experience")
+        if not self.leader or not os.path.isdir(root):
+            return
+        for name in os.listdir(root):
+            if ".tmp-" in name or ".old-" in name:
+                log.info("removing stale experience folder %s", os.path.join(root, name))
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
     def save(self, force: bool = False) -> bool:
         """Experience store first (its own atomic directory per step), then the Orbax step that refers to it: a
@@ -307,11 +263,7 @@ class Trainer:
         if self.track is not None and self.leader:  # identical on every process: one writer
             self.track.save(self._experience_dir(self.step))
         dist.barrier(f"experience_{self.step}")
-        host = {
-            "step": self.step,
-            "tasks": self.tasks.state_dict(),
-            "config": json.loads(self.c.to_json_best_effort()),
-        }
+        host = {**self._host_state(), "config": json.loads(self.c.to_json_best_effort())}
         saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
         if self.leader:
             self._prune_experience()
@@ -322,11 +274,11 @@ class Trainer:
 
     def host_digest(self) -> str:
         """SHA-256 of the replicated host state (bank, buffer, counters, task sampler, step)."""
-        return dist.host_digest(self.track, {"step": self.step, "tasks": self.tasks.state_dict()})
+        return dist.host_digest(self.track, self._host_state())
 
     def param_bytes(self) -> int:
-        roles = [r for r in (self.actor, self.extractor) if r is not None]
-        return sum(x.nbytes for r in roles for x in jax.tree.leaves(r.state.params))
+        roles_ = [r for r in (self.actor, self.extractor) if r is not None]
+        return sum(x.nbytes for r in roles_ for x in jax.tree.leaves(r.state.params))
 
     def digests(self) -> dict[str, Any]:
         """This process's replica digests (parameters and host state); identical on every process."""
@@ -344,15 +296,20 @@ class Trainer:
         keep = {str(s) for s in self.ckpt.all_steps()}
         for name in os.listdir(root):
             if name.isdigit() and name not in keep and int(name) < self.step:
-                import shutil
-
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
     def restore(self) -> bool:
+        """Resumes from the newest step whose checkpoint *and* experience store are both readable."""
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._train_tree()
         )
-        got = self.ckpt.restore_latest(abstract)
+
+        def accept(step, train, arrays, host):
+            if self.track is not None:  # raises naming the file when the store is unreadable: fall back
+                self.track.load(self._experience_dir(int(host["step"])))
+            self.tasks.load_state_dict(host["tasks"])
+
+        got = self.ckpt.restore_latest(abstract, accept)
         if got is None:
             return False
         step, train, arrays, host = got
@@ -364,56 +321,84 @@ class Trainer:
         # Back to a process-local key (as in a fresh run): keys enter jitted calls as replicated inputs.
         self.key = jax.random.wrap_key_data(np.asarray(dist.local_replica(train["key"])))
         self.step = int(host["step"])
-        self.tasks.load_state_dict(host["tasks"])
-        if self.track is not None:
-            self.track.load(self._experience_dir(self.step))
+        self.task_stats = {k: list(v) for k, v in host.get("task_stats", {}).items()}
+        self.offline_built = bool(host.get("offline_built", False))
         log.info("resumed from step %d in %s", step, self.ckpt.directory)
         return True
 
     # -- one step ----------------------------------------------------------------------------------------
-    def _specs(self, tasks, guided_ok: bool) -> list[EpisodeSpec]:
+    def episode_specs(self, tasks, *, guided: bool, eval_mode: bool = False) -> list[EpisodeSpec]:
+        """K episodes per task (training: K/2 guided + K/2 free when ``guided``); evaluation plays K/2 per task,
+        all guided (with experience) or all free (without)."""
         K = self.c.rollout.group_size
-        return [EpisodeSpec(t, k, guided_ok and k < K // 2) for t in tasks for k in range(K)]
+        r = self.c.retrieval
+        specs = []
+        for t in tasks:
+            for k in range(K // 2 if eval_mode else K):
+                g = guided and (eval_mode or k < K // 2)
+                ask = self.search_ask and (g or (not r.search_and_ask_guided_only and not eval_mode))
+                specs.append(EpisodeSpec(t, k, g, can_ask=ask))
+        return specs
 
     def rollout(self, tasks, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
-        """All episodes of ``tasks``, ``rollout.rows_per_wave`` rows at a time (0 = all in one wave): a wave's
-        KV cache is ``rows x max_context``, so waves bound rollout memory (launch/plan_memory.py --paper)."""
-        specs = self._specs(tasks, guided_ok)
-        w = self.c.rollout.rows_per_wave or len(specs)
-        if len(specs) % w:
+        """All episodes of ``tasks`` (training), ``rollout.rows_per_wave`` rows at a time."""
+        return self.play(self.episode_specs(tasks, guided=guided_ok), self.pools, step=step, key=key)
+
+    def play(self, specs, pools: Pools, *, step: int, key, record: bool = True) -> tuple[list, dict]:
+        """Plays ``specs`` in waves of ``rollout.rows_per_wave`` rows (0 = all at once): a wave's KV cache is
+        ``rows x max_context``, so waves bound rollout memory (launch/plan_memory.py --paper).
+
+        ``record=False`` (evaluation): read-only retrieval, search & ask without training samples, and nothing
+        else that changes the run's state.
+        """
+        w = min(self.c.rollout.rows_per_wave or len(specs), len(specs))
+        if record and len(specs) % w:  # (evaluation's last chunk may be short: its last wave is too)
             raise ValueError(
                 f"config key rollout.rows_per_wave={w} must divide the {len(specs)} episodes of a step "
                 "(tasks x rollout.group_size)"
             )
-        if w == len(specs):
-            return self._rollout_wave(specs, guided_ok=guided_ok, step=step, key=key)
         trajs, timing = [], {}
         for i in range(0, len(specs), w):
-            got, t = self._rollout_wave(
-                specs[i : i + w], guided_ok=guided_ok, step=step, key=jax.random.fold_in(key, i // w)
+            got, t = self._play_wave(
+                specs[i : i + w], pools, step=step, key=jax.random.fold_in(key, i // w), record=record
             )
             trajs += got
             for k, v in t.items():
                 timing[k] = timing.get(k, 0.0) + v
         return trajs, timing
 
-    def _rollout_wave(self, specs, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
+    def _play_wave(self, specs, pools: Pools, *, step: int, key, record: bool) -> tuple[list, dict]:
         t0 = time.perf_counter()
         w0 = time.time()
         gather = self._gather if self.multi else None
-        resets = reset_all(self.pools, specs, gather)
-        if guided_ok and self.track is not None:
-            self.track.set_step(step)
-            gi = [i for i, s in enumerate(specs) if s.guided]
+        resets = reset_all(pools, specs, gather)
+        gi = [i for i, s in enumerate(specs) if s.guided]
+        if gi and self.track is not None:
+            if record:
+                self.track.set_step(step)
             got = self.track.retrieve(
-                [specs[i].task.env_id for i in gi], [resets[i][1].get("query", "") for i in gi]
+                [specs[i].task.env_id for i in gi], [resets[i][1].get("query", "") for i in gi], record=record
             )
             for i, (block, uids) in zip(gi, got, strict=True):
                 specs[i].experience, specs[i].entry_uids = block, uids
-        r = self.c.retrieval
-        ask = self.track.ask if (guided_ok and self.track is not None and r.search_and_ask) else None
+            if self.c.experience.blank:  # the control arm: same prompt length, no content
+                count = lambda text: len(self.actor.model.tokenizer.encode(text))  # noqa: E731
+                for i in gi:
+                    specs[i].experience = blank_experience(specs[i].experience, count)
+            if self.c.actor.actor_critic:
+                self._judge([specs[i] for i in gi if specs[i].entry_uids], resets, specs, key)
+        ask = None
+        if self.search_ask and any(s.can_ask for s in specs):
+            if record:
+                ask = self.track.ask_many
+            else:
+                calls = iter(range(1 << 30))
+                ask_key = jax.random.fold_in(key, 7)
+                ask = lambda asks: self.track.ask_many(  # noqa: E731
+                    asks, record=False, key=jax.random.fold_in(ask_key, next(calls))
+                )
         trajs, timing = run_episodes(
-            self.pools,
+            pools,
             specs,
             resets,
             self.actor.sampler,
@@ -424,12 +409,41 @@ class Trainer:
             max_len=self.c.rollout.max_context,
             constraint_for=self._constraint if self.c.actor.constrained else None,
             ask=ask,
-            ask_max=r.search_and_ask_max,
+            ask_max=self.c.retrieval.search_and_ask_max,
             gather=gather,
         )
         timing["rollout_s"] = time.perf_counter() - t0
-        self._event("actor_rollout", step, w0, time.time())
+        if record:
+            self._event("actor_rollout", step, w0, time.time())
         return trajs, timing
+
+    def _judge(self, judged, resets, specs, key) -> None:
+        """Actor-critic (SPEC §7): the actor accepts / refines / rejects each guided episode's entry."""
+        if not judged:
+            return
+        index = {id(s): i for i, s in enumerate(specs)}
+        items = []
+        for s in judged:
+            entry = self.track.mgr.bank.entries.get(s.entry_uids[0])
+            succ, n = self.task_stats.get(s.task.env_id, (0, 0))
+            goal = resets[index[id(s)]][1].get("goal") or resets[index[id(s)]][1].get("query", "")
+            items.append((str(goal), entry.text if entry else "", succ / n if n else None))
+        constraint = (
+            self.actor.sampler.regex_constraint(critic_lib.DECISION_REGEX)
+            if self.c.actor.constrained
+            else None
+        )
+        decisions = critic_lib.judge(
+            self.actor.sampler,
+            self.actor.model.tokenizer,
+            self.actor_sp,
+            jax.random.fold_in(key, 1_000_003),
+            items,
+            constraint,
+        )
+        for s, d in zip(judged, decisions, strict=True):
+            s.experience = d.experience(s.experience)
+            s.critic_score = d.score
 
     def _gather(self, local: dict) -> dict:
         """Host exchange over the actor's devices (an extractor update in flight elsewhere is not waited for)."""
@@ -444,60 +458,87 @@ class Trainer:
             with open(os.path.join(self.workdir, "timeline.jsonl"), "a") as f:
                 f.write(json.dumps(ev) + "\n")
 
-    def train_step(self) -> dict[str, float]:
+    def build_offline_bank(self) -> None:
+        """Offline Exp. (SPEC §8): ``bank.offline_build_steps`` rounds of free rollouts by the frozen actor,
+        distilled by the frozen extractor, then one merge; before step 0 and outside ``train.steps``. The bank
+        is fixed afterwards. Saved as checkpoint step 0."""
+        c = self.c
+        build = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, c.seed + 7_777)
+        key = jax.random.key(c.seed + 7_777)
+        for r in range(c.bank.offline_build_steps):
+            trajs, _ = self.rollout(build.next(), guided_ok=False, step=-1, key=jax.random.fold_in(key, r))
+            self.track.distill_async(trajs, -1).result()
+        self.track.merge(-1)
+        self.offline_built = True
+        self.save(force=True)
+
+    def train_step(self, fetch: bool = True) -> dict[str, Any]:
+        """One step of SPEC §6. ``fetch=False``: the actor's device metrics are not read back (log_every)."""
         c, step = self.c, self.step
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
-        # Offline Exp.: the first bank.offline_build_steps steps build the bank (actor frozen), then it is fixed.
-        building = c.method == "offline" and step < c.bank.offline_build_steps
-        if c.retrieval.search_and_ask:
+        if self.search_ask:
             self.join_extractor()  # search & ask samples the extractor during the rollout
+        # 1-2. rollout
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
-        # The previous step's extractor update (disjoint placement) ran on its own devices during the rollout.
+        # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout.
         self.join_extractor()
-        rewards = np.array([outcome(t, t.spec.task.env_id) for t in trajs], np.float32)
+        # 3. advantages (infra failures are out of every statistic)
         K = c.rollout.group_size
+        rewards = np.array([outcome(t) for t in trajs], np.float32)
+        valid = np.array([not t.infra_failed for t in trajs], bool)
         sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
         adv = np.asarray(
-            subgroup_advantages(rewards.reshape(-1, K), sub.reshape(-1, K), c.actor.adv_norm, c.actor.adv_eps)
+            subgroup_advantages(
+                rewards.reshape(-1, K),
+                sub.reshape(-1, K),
+                c.actor.adv_norm,
+                c.actor.adv_eps,
+                valid=valid.reshape(-1, K),
+            )
         ).reshape(-1)
-        m: dict[str, float] = {}
-        fut = None
+        for t in trajs:  # the actor-critic's running success rate
+            if not t.infra_failed:
+                s = self.task_stats.setdefault(t.spec.task.env_id, [0, 0])
+                s[0] += int(t.success)
+                s[1] += 1
+        m: dict[str, Any] = {}
         t_x = time.perf_counter()
-        if self.track is not None:
+        # 4. extractor: entry rewards, then distillation in the background (frozen bank for Offline Exp.)
+        fut = None
+        if self.train_extractor:
             self.track.record_outcomes(trajs)
+        # 5. actor update (async dispatch: returns before the device finishes)
         t_up = time.perf_counter()
         am = None
-        if self.train_actor and step >= c.actor.warmup_steps and not building:
-            batch = batching.pack(
-                [t.tokens for t in trajs],
-                [_shift_free(t.loss_mask) for t in trajs],
-                self.actor.model.tokenizer.pad_id,
+        if self.train_actor and step >= c.actor.warmup_steps:
+            sft = self._self_distillation_rows(trajs, rewards, sub, valid) if self.sft_slots else []
+            batch = actor_batch(
+                trajs, adv, sub, self.actor.model.tokenizer.pad_id, sft=sft, sft_slots=self.sft_slots
             )
-            batch.pop("row_valid")
-            batch["advantages"] = adv
-            batch["subgroup"] = sub
-            am = _dispatch_update(self.actor, batch)  # async: returns before the device finishes
-        if self.track is not None and (c.method != "offline" or building):
-            # Distillation (extractor generation + ops) overlaps the actor update: a thread on one process, inline
-            # after the actor's async dispatch on several (one thread issues all jitted calls, in order).
+            am = roles.dispatch_update(self.actor, batch)
+            if self.sft_slots:
+                m["actor/sft_rows"] = float(len(sft))
+        if self.track is not None and not self.offline:
+            # Overlaps the actor update: a thread on one process, inline after the actor's async dispatch on
+            # several (one thread issues all jitted calls, in order).
             fut = self.track.distill_async(trajs, step)
-        if am is not None:
+        if am is not None and fetch:
             m.update({f"actor/{k}": v for k, v in jax.device_get(am).items()})
         m["time/update_s"] = time.perf_counter() - t_up
+        # 6. bank: ops applied, merge, extractor updates
         if fut is not None:
-            fut.result()  # distillation of this step's trajectories (ran during the actor update)
+            fut.result()
             if c.bank.merge and (step + 1) % c.bank.merge_every == 0:
                 self.track.merge(step)
-            if self.train_extractor:
-                xb = self.track.pop_batch(step)
-                if xb is not None:
-                    self._start_extractor_update(xb, step, m)
-                    if not self.overlap_extractor:
-                        self.join_extractor()
+        if self.train_extractor:
+            self._start_extractor_updates(step, m)
+            if not self.overlap_extractor:
+                self.join_extractor()
         if self.track is not None:
             m.update(self.track.stats())
         m["time/extraction_s"] = time.perf_counter() - t_x - m["time/update_s"]
+        # 7. metrics
         self.step += 1
         m.update(_rollout_metrics(trajs, rewards, c.env.tasks))
         m["time/rollout_s"] = timing["rollout_s"]
@@ -507,78 +548,93 @@ class Trainer:
         m["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
         return m
 
-    def _start_extractor_update(self, xb, step: int, row: dict) -> None:
-        """Dispatches the extractor's CISPO update (async); :meth:`join_extractor` adds its metrics to ``row``.
+    def _self_distillation_rows(self, trajs, rewards, sub, valid) -> list[tuple[list[int], list[int]]]:
+        """SPEC §7: guided trajectories that beat their group's free mean, experience stripped."""
+        K = self.c.rollout.group_size
+        chosen = np.asarray(
+            self_distillation_select(rewards.reshape(-1, K), sub.reshape(-1, K), valid.reshape(-1, K))
+        ).reshape(-1)
+        tok = self.actor.model.tokenizer
+        tool = search_ask_prompt(self.c.retrieval.search_and_ask_max)
+        rows = []
+        for t, pick in zip(trajs, chosen, strict=True):
+            if pick:
+                base = self.pools.system_prompts[t.spec.task.env_id]
+                got = strip_experience(t, tok, base, tool if t.spec.can_ask else "")
+                if got is not None:
+                    rows.append(got)
+        return rows[: self.sft_slots]
 
-        With disjoint placement the join waits until after the next step's rollout, so the update runs on the
+    def _start_extractor_updates(self, step: int, row: dict) -> None:
+        """One CISPO update per full buffer batch (SPEC §3), dispatched asynchronously; :meth:`join_extractor`
+        adds their metrics to ``row``.
+
+        With disjoint placement the join waits until after the next step's rollout, so the updates run on the
         extractor's devices while the actor's devices play episodes (SPEC §6); nothing reads the extractor in
         between (search & ask turns this off). The bank-side bookkeeping (``mark_trained``) needs only the batch
         and happens now, at its fixed point of the step.
         """
-        tok = self.extractor.model.tokenizer
-        seqs, masks = [], []
-        for p, r in zip(xb.prompts, xb.responses, strict=True):
-            ids, _ = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-            resp = tok.encode(r)
-            seqs.append(ids + resp)
-            masks.append([0] * len(ids) + [1] * len(resp))
-        batch = batching.pack(seqs, masks, tok.pad_id)
-        batch.pop("row_valid")
-        # Unweighted r - mean; the loss applies the Eq. 7 weights through sample_weight (once).
-        batch["advantages"] = np.asarray(extractor_advantages(xb.rewards), np.float32)
-        batch["sample_weight"] = np.asarray(xb.weights, np.float32)
-        self.track.mark_trained(xb, step)
-        t0 = time.time()
-        dm = _dispatch_update(self.extractor, batch)
-        done: dict[str, float] = {}
-        # Records when the device work finished (a wait, not a dispatch: safe on any thread).
-        watcher = threading.Thread(
-            target=lambda: (jax.block_until_ready(dm), done.setdefault("end", time.time())),
-            name="extractor-update-watch",
-            daemon=True,
-        )
-        watcher.start()
-        self._xpending = (row, dm, float(np.mean(xb.rewards)), step, t0, watcher, done)
+        while (xb := self.track.pop_batch()) is not None:
+            batch, host = extractor_batch(xb, self.extractor.model.tokenizer, self.track.version)
+            self.track.mark_trained(xb)
+            t0 = time.time()
+            dm = roles.dispatch_update(self.extractor, batch)
+            done: dict[str, float] = {}
+            # Records when the device work finished (a wait, not a dispatch: safe on any thread).
+            watcher = threading.Thread(
+                target=lambda dm=dm, done=done: (
+                    jax.block_until_ready(dm),
+                    done.setdefault("end", time.time()),
+                ),
+                name="extractor-update-watch",
+                daemon=True,
+            )
+            watcher.start()
+            self._pending.append(PendingUpdate(row, dm, host, step, t0, watcher, done))
 
     def join_extractor(self) -> None:
-        """Waits for the extractor update in flight (if any) and puts its metrics in the row of its step."""
-        if self._xpending is None:
-            return
-        row, dm, reward_mean, step, t0, watcher, done = self._xpending
-        self._xpending = None
-        out = jax.device_get(dm)
-        watcher.join()
-        out["reward_mean"] = reward_mean
-        row.update({f"extractor/{k}": v for k, v in out.items()})
-        self._event("extractor_update", step, t0, done.get("end", time.time()))
+        """Waits for the extractor updates in flight (if any) and puts their metrics (the mean over a row's
+        updates; ``updates`` = how many) in the row of their step."""
+        pending, self._pending = self._pending, []
+        by_row: dict[int, list] = {}
+        for p in pending:
+            out = {**jax.device_get(p.metrics), **p.host}
+            p.watcher.join()
+            self._event("extractor_update", p.step, p.t0, p.done.get("end", time.time()))
+            by_row.setdefault(id(p.row), [p.row, []])[1].append(out)
+        for row, outs in by_row.values():
+            for k in outs[0]:
+                vals = [o[k] for o in outs if k in o]
+                agg = max if k.endswith("_max") or k == "step" else None
+                row[f"extractor/{k}"] = float(agg(vals)) if agg else float(np.nanmean(vals))
+            row["extractor/updates"] = float(len(outs))
 
     @property
     def extractor_pending(self) -> bool:
-        return self._xpending is not None
+        return bool(self._pending)
 
     # -- evaluation ----------------------------------------------------------------------------------
-    def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, float]:
-        """Held-out tasks (disjoint seed range); greedy-free sampling as in training; per-env success."""
-        self.join_extractor()
-        tasks = self.tasks.eval_tasks(n_per_task)
-        K = self.c.rollout.group_size
-        slots = self.c.rollout.tasks_per_step * K
-        scores: dict[str, list[float]] = {}
-        key = jax.random.key(self.c.seed + 12345)
-        per_call = max(slots // K, 1)
-        for i in range(0, len(tasks), per_call):
-            chunk = tasks[i : i + per_call]
-            key, sub = jax.random.split(key)
-            trajs, _ = self.rollout(
-                chunk, guided_ok=with_experience and self.track is not None, step=self.step, key=sub
+    def eval_pools(self, split: str | None) -> Pools:
+        """Env pools on a held-out split (``None``: the training envs' own constructor, for seeded levels)."""
+        if split not in self._eval_pools:
+            c = self.c
+            slots = c.rollout.tasks_per_step * c.rollout.group_size
+            envs = [e for e in c.env.tasks if split in evaluation.splits_of(e, c.env.eval_split)]
+            self._eval_pools[split] = Pools(
+                envs,
+                slots,
+                c.env.workers,
+                c.env.backend,
+                c.env.max_turns,
+                c.env.step_timeout_s,
+                env_kwargs=None if split is None else {"split": split},
             )
-            for t in trajs:
-                if with_experience and self.track is not None and not t.spec.guided:
-                    continue
-                if not with_experience and t.spec.guided:
-                    continue
-                scores.setdefault(t.spec.task.env_id, []).append(outcome(t, t.spec.task.env_id))
-        return {k: float(np.mean(v)) for k, v in scores.items()}
+        return self._eval_pools[split]
+
+    def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, dict]:
+        """Held-out success per env (and split): see :mod:`comprl_jax.evaluation`."""
+        self.join_extractor()
+        return evaluation.evaluate(self, n_per_task, with_experience)
 
     def close(self) -> None:
         try:
@@ -586,34 +642,55 @@ class Trainer:
         except Exception:  # noqa: BLE001 -- closing after a failure: release the pools regardless
             log.exception("extractor update in flight failed")
         self.pools.close()
+        for p in self._eval_pools.values():
+            p.close()
         if self.track is not None:
             self.track.close()
         self.ckpt.close()
 
 
-def _shift_free(mask: list[int]) -> list[int]:
-    """Token 0 has no prediction: never in the loss."""
-    return [0] + list(mask[1:]) if mask else mask
-
-
 def _rollout_metrics(trajs, rewards, env_ids) -> dict[str, float]:
+    """Per-step episode metrics; success rates are over episodes that did not fail for infra reasons."""
+    ok = [t for t in trajs if not t.infra_failed]
+
+    def rate(sel):
+        return float(np.mean([t.success for t in sel])) if sel else float("nan")
+
     m = {
-        "success": float(np.mean([t.success for t in trajs])),
-        "reward": float(np.mean(rewards)),
-        "actions_per_episode": float(np.mean([t.turns for t in trajs])),
-        "invalid_per_episode": float(np.mean([t.num_invalid for t in trajs])),
-        "env_errors": float(sum(t.error is not None for t in trajs)),
+        "success": rate(ok),
+        "reward": float(np.mean([r for t, r in zip(trajs, rewards, strict=True) if not t.infra_failed]))
+        if ok
+        else float("nan"),
+        "actions_per_episode": float(np.mean([t.turns for t in ok])) if ok else float("nan"),
+        "invalid_per_episode": float(np.mean([t.num_invalid for t in ok])) if ok else float("nan"),
+        "episodes_failed_infra": float(len(trajs) - len(ok)),
     }
     for name, g in (("guided", True), ("free", False)):
-        sel = [t.success for t in trajs if t.spec.guided == g]
+        sel = [t for t in ok if t.spec.guided == g]
         if sel:
-            m[f"success/{name}"] = float(np.mean(sel))
+            m[f"success/{name}"] = rate(sel)
+    askers = [t for t in trajs if t.spec.can_ask]
+    if askers:
+        m["search_ask/calls_per_episode"] = float(np.mean([t.asks for t in askers]))
+    judged = [t.spec.critic_score for t in trajs if t.spec.critic_score is not None]
+    if judged:
+        for verdict, s in (("accept", 1.0), ("refine", 0.5), ("reject", 0.0)):
+            m[f"critic/{verdict}"] = float(np.mean([x == s for x in judged]))
     if len(env_ids) > 1:
         for e in env_ids:
-            sel = [t.success for t in trajs if t.spec.task.env_id == e]
+            sel = [t for t in ok if t.spec.task.env_id == e]
             if sel:
-                m[f"success/{e.split('/')[-1]}"] = float(np.mean(sel))
+                m[f"success/{e.split('/')[-1]}"] = rate(sel)
     return m
+
+
+def _eval_metrics(ev: dict) -> dict[str, float]:
+    """``eval/<label>/<with|without>_exp`` success rates for a metrics row (train.eval_every)."""
+    out = {}
+    for mode, rows in ev.items():
+        for label, r in rows.items():
+            out[f"eval/{label.split('/')[-1]}/{mode}"] = r["success"]
+    return out
 
 
 def run(
@@ -639,11 +716,13 @@ def run(
             f.write(config.to_json_best_effort(indent=2))
         os.replace(tmp, os.path.join(workdir, "config.json"))
     tr = Trainer(config, workdir)
+    bar = None
     try:
         resumed = tr.restore()
+        if tr.offline and not tr.offline_built:
+            tr.build_offline_bank()
         writer = mlib.MetricsWriter(workdir, resume_step=tr.step if resumed else 0)
         mlib.start_memory_tracking()
-        bar = None
         if progress and tr.leader:
             from tqdm import tqdm
 
@@ -653,26 +732,39 @@ def run(
         rows: list[
             tuple[int, dict]
         ] = []  # written once complete (an extractor update may still be in flight)
+        every = config.train.log_every
         while tr.step < config.train.steps:
             t0 = time.perf_counter()
-            m = tr.train_step()
+            s = tr.step
+            eval_now = bool(config.train.eval_every) and (s + 1) % config.train.eval_every == 0
+            eval_now = eval_now and s + 1 < config.train.steps  # (the final evaluation follows the loop)
+            log_row = s % every == 0 or s + 1 >= config.train.steps or eval_now
+            m = tr.train_step(fetch=log_row)
             m["time/step_s"] = time.perf_counter() - t0
             mem = mlib.device_memory_mb()
             if mem is not None:
                 m["device_mem_mb"] = mem
-            rows.append((tr.step - 1, m))
+            if eval_now:
+                ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
+                if tr.track is not None:
+                    ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
+                m.update(_eval_metrics(ev))
+            if log_row:
+                rows.append((s, m))
             done_here += 1
+            if bar is not None:
+                bar.update(1)
             stopping = tr.step >= config.train.steps or (stop_after is not None and done_here >= stop_after)
             if stopping or tr.save_due():
                 tr.join_extractor()
-            for s, r in rows[: len(rows) - tr.extractor_pending]:
+            ready = rows if not tr.extractor_pending else rows[:-1]
+            for step_i, r in ready:
                 if row_extra:
                     r, row_extra = {**r, **row_extra}, None
-                last = writer.write(s, r)
+                last = writer.write(step_i, r)
                 if bar is not None:
-                    bar.update(1)
                     bar.set_postfix(success=f"{r['success']:.2f}", bank=int(r.get("bank/size", 0)))
-            rows = rows[len(rows) - tr.extractor_pending :]
+            rows = rows[len(ready) :]
             tr.save()
             if stopping:
                 break
@@ -703,8 +795,8 @@ def run(
             with open(os.path.join(workdir, f"digest_p{jax.process_index()}.json"), "w") as f:
                 json.dump(result["digests"], f, indent=2)
         writer.close()
-        if bar is not None:
-            bar.close()
         return result
     finally:
+        if bar is not None:  # (closed before an error message, not redrawn after it)
+            bar.close()
         tr.close()

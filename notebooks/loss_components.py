@@ -177,7 +177,7 @@ print("advantages:", np.asarray(adv_lib.extractor_advantages(r)) * w_default)
 # %%
 retrievals = [50, 0, 3, 0]
 last = [990.0, None, 400.0, None]  # clock seconds; now = 1000 -> candidate 1 was used 10 s ago
-s = eq6_scores(retrievals, last, now=1000.0, lam=0.4, window_s=300.0)
+s = eq6_scores(retrievals, last, now=1000.0, lam=0.4, window=300.0)
 order = np.argsort(-s, kind="stable")
 for i in range(len(s)):
     print(f"rank {i + 1}: retrievals {retrievals[i]:3d}  recent {last[i] is not None and 1000 - last[i] < 300}"

@@ -13,3 +13,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (still run in CI)")
+
+
+def pytest_runtest_logreport(report):
+    """``COMPRL_TEST_TIMES=<file>``: append each test's set-up / call / tear-down time as it finishes (a file, so it
+    survives a run that crashes before pytest's own ``--durations`` summary)."""
+    path = os.environ.get("COMPRL_TEST_TIMES")
+    if path and (report.when == "call" or report.duration >= 1.0):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

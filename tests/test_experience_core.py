@@ -37,7 +37,7 @@ class ScriptedRng:
 
 def test_eq6_scores_by_hand():
     # ranks 1..3; retrievals 0, 3, 1; only the 2nd was retrieved within the window (now - 100 < 300).
-    s = eq6_scores([0, 3, 1], [None, 900.0, 500.0], now=1000.0, lam=0.4, window_s=300.0)
+    s = eq6_scores([0, 3, 1], [None, 900.0, 500.0], now=1000.0, lam=0.4, window=300.0)
     expected = [-1.0, -2.0 - 0.4 * math.log(4) - 1.0, -3.0 - 0.4 * math.log(2)]
     np.testing.assert_allclose(s, expected, rtol=0, atol=1e-12)
 
@@ -63,16 +63,24 @@ def test_diversify_rerank_and_dropout_paths():
 
 
 def test_eq7_weights_and_advantages_by_hand():
-    # step 10: never trained -> 1; c=3, last 5 -> 4^-0.5 = 0.5; c=1, last 10 -> cooldown (10-10 < 1) -> 0;
-    # c=8, last 9 -> 9^-0.5 = 1/3.
+    # Count factor alone (tau = 0, the released code), extractor update t = 10: never trained -> 1;
+    # c=3, last 5 -> 4^-0.5 = 0.5; c=1, last 10 -> cooldown (10-10 < 1) -> 0; c=8, last 9 -> 9^-0.5 = 1/3.
     w = count_aware_weights([0, 3, 1, 8], [None, 5, 10, 9], step=10, cooldown=1, alpha=0.5)
     np.testing.assert_allclose(w, [1.0, 0.5, 0.0, 1 / 3], rtol=1e-6)
-    buf = ExtractorBuffer(BufferConfig(batch_size=4))
-    rewards = [1.0, -1.0, 1.0, 0.0]  # mean 0.25
+    # Count and recency (the paper; tau = 2 updates): x (1 - exp(-(t - t_last) / 2)) for trained entries:
+    # c=3 rested 5 -> 0.5 (1 - e^-2.5); c=8 rested 1 -> (1/3)(1 - e^-0.5); never trained stays 1.
+    w = count_aware_weights([0, 3, 1, 8], [None, 5, 10, 9], step=10, cooldown=1, alpha=0.5, recency_tau=2.0)
+    hand = [1.0, 0.5 * (1 - math.exp(-2.5)), 0.0, (1 - math.exp(-0.5)) / 3]
+    np.testing.assert_allclose(w, hand, rtol=1e-6)
+    # The cooldown counts extractor updates: delta = 3 silences an entry trained 2 updates ago.
+    w = count_aware_weights([1, 1], [8, 7], step=10, cooldown=3, alpha=0.5, recency_tau=2.0)
+    np.testing.assert_allclose(w, [0.0, 2**-0.5 * (1 - math.exp(-1.5))], rtol=1e-6)
+    buf = ExtractorBuffer(BufferConfig(batch_size=4))  # default: tau = 2
+    rewards = [1.0, -1.0, 1.0, 0.0]  # mean 0.25 -> centred [0.75, -1.25, 0.75, -0.25]
     for i, (r, c, t) in enumerate(zip(rewards, [0, 3, 1, 8], [None, 5, 10, 9], strict=True)):
         buf.add_reward(f"entry:{i}", r, "p", "r", c, t)
     b = buf.pop_batch(step=10)
-    np.testing.assert_allclose(b.advantages, [0.75, -0.625, 0.0, -0.25 / 3], rtol=1e-6)
+    np.testing.assert_allclose(b.advantages, [0.75, -1.25 * hand[1], 0.0, -0.25 * hand[3]], rtol=1e-6)
     assert ExtractorBuffer.trained_keys(b) == ["entry:0", "entry:1", "entry:3"]
 
 
@@ -123,8 +131,8 @@ def test_manager_outcomes_cooldown_and_mark_trained():
     assert m.bank.entries[0].train_count == 1
     m.record_outcome([0], True)
     m.record_outcome([1], False)
-    b = m.pop_extractor_batch(step=4)
-    np.testing.assert_allclose(b.weights, [2**-0.5] * 2, rtol=1e-6)
+    b = m.pop_extractor_batch(step=4)  # trained once, rested 1 update: 2^-0.5 (1 - e^-1/2)
+    np.testing.assert_allclose(b.weights, [2**-0.5 * (1 - math.exp(-0.5))] * 2, rtol=1e-6)
     m.check_invariants()
 
 
@@ -298,3 +306,19 @@ def test_configs_from_dict_validates_keys():
         configs_from_dict({"retrieval": {"lambda": 0.4}})
     with pytest.raises(ValueError, match="bank.key must be"):
         configs_from_dict({"bank": {"key": "title"}})
+
+
+def test_blank_experience_keeps_the_token_length_and_drops_the_content():
+    """Control arm (method blank_exp): header + "[No experience found]" + filler, at least as many tokens as the
+    real block and at most one more; no word of the retrieved entries survives."""
+    from comprl_jax.experience.retrieval import BLANK_FILLER, NO_EXPERIENCE, blank_experience
+
+    def count(text):  # a whitespace tokenizer: every word and every filler dot is one token
+        return len(text.split())
+
+    real = format_experience(["<title>go east</title><content>the stairs are east of the door</content>"] * 3)
+    blank = blank_experience(real, count)
+    assert blank.startswith(format_experience([])) and NO_EXPERIENCE in blank
+    assert count(real) <= count(blank) <= count(real) + 1
+    assert "stairs" not in blank and blank.endswith(BLANK_FILLER.strip())
+    assert blank_experience(format_experience([]), count) == format_experience([])  # nothing to pad

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from trainer_helpers import REPO, flags
+from trainer_helpers import REPO, cache_env, flags
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,7 @@ def env(tmp_path_factory):
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "",
         "TOKENIZERS_PARALLELISM": "false",
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        **cache_env(cache),
     }
 
 

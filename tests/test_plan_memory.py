@@ -71,9 +71,12 @@ def test_qwen3_4b_tensor_mesh_and_disjoint_extractor(capsys):
 
 
 @functools.lru_cache(maxsize=1)
-def _pm():  # absl flags may be defined once per process
+def _pm():  # absl flags may be defined once per process: one module, shared with launch/reproduce.py
+    if "plan_memory" in sys.modules:
+        return sys.modules["plan_memory"]
     spec = importlib.util.spec_from_file_location("plan_memory", SCRIPT)
     pm = importlib.util.module_from_spec(spec)
+    sys.modules["plan_memory"] = pm
     spec.loader.exec_module(pm)
     return pm
 

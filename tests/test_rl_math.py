@@ -268,7 +268,7 @@ def test_loss_split_into_micro_batches_is_exact(ratio, agg, subgroup_mean, sft_c
         (li, pi), gi = jax.value_and_grad(loss_of, has_aux=True)(mb.pop("logp"), mb)
         l_sum += li
         g_parts.append(gi)
-        p_sum = pi if p_sum is None else jax.tree.map(jnp.add, p_sum, pi)
+        p_sum = pi if p_sum is None else losses.accumulate_pairs(p_sum, pi)
     np.testing.assert_allclose(l_sum, l_full, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(merge_micro_batches(jnp.stack(g_parts)), g_full, atol=1e-7)
     f_full, f_sum = losses.finalize_metrics(p_full), losses.finalize_metrics(p_sum)

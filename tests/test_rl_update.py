@@ -87,7 +87,7 @@ def test_logprobs_micro_batched_equal_full():
 
 def chunked(chunk):
     """The trainer's scorer for a role with ``logits_chunk=chunk`` and remat on."""
-    from comprl_jax.trainer import _scorer
+    from comprl_jax.roles import scorer as _scorer
 
     scorer = _scorer(model()[0].args[0], True, chunk)
     assert isinstance(scorer, ChunkedHead) and scorer.chunk == chunk

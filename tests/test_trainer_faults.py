@@ -61,7 +61,12 @@ def test_run_survives_env_faults_and_malformed_extractor_output(tmp_path):
     assert out["step"] == 3
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert sum(r["env_errors"] for r in rows) > 0  # raises and the timeout were recorded, not fatal
+    # Raises and the timeout were recorded as infrastructure failures, not fatal, and not agent failures.
+    assert sum(r["episodes_failed_infra"] for r in rows) > 0
+    ev = out["eval"]["without_exp"]["test/FaultySokoban-v0"]
+    total = c.train.eval_tasks * (c.rollout.group_size // 2)
+    assert ev["infra_failed"] > 0 and ev["episodes"] + ev["infra_failed"] == total
+    assert ev["split"] == "held-out seeds"
     last = rows[-1]
     rejected = last.get("bank/ops_rejected", 0)
     assert rejected > 0 and last["bank/ops_submitted"] == (
@@ -85,7 +90,7 @@ def test_search_and_ask_in_guided_rollouts(tmp_path):
     try:
         ask = "<knowledge_search_and_ask>where are the stairs</knowledge_search_and_ask>"
         forced = tr.actor.sampler.strings_constraint((ask, "<answer>east</answer>"))
-        tr._constraint = lambda env_id: forced
+        tr._constraint = lambda env_id, can_ask=False: forced
         # Random tiny actor: over 4 episodes x 4 turns both branches are taken; rerun seeds until an ask happens.
         for seed in range(5):
             trajs, _ = tr.rollout(tr.tasks.next(), guided_ok=True, step=0, key=jax.random.key(seed))
@@ -95,9 +100,17 @@ def test_search_and_ask_in_guided_rollouts(tmp_path):
         assert all(not t.ask_keys for t in trajs if not t.spec.guided)
         assert all(len(t.ask_keys) <= c.retrieval.search_and_ask_max for t in trajs)
         for t in trajs:
+            text = tr.actor.model.tokenizer.decode(t.tokens)
+            # The guided system prompt describes the tool; free episodes never hear of it.
+            assert ("knowledge_search_and_ask>your question" in text) == t.spec.guided
             if t.ask_keys:  # the tool answer is in the context, with mask 0 (not the actor's tokens)
-                text = tr.actor.model.tokenizer.decode(t.tokens)
                 assert "<tool_response>" in text
+                # ... and in the transcript the extractor distils (the question, then the answer)
+                lines = t.transcript_text(10_000)
+                assert "<knowledge_search_and_ask>" in lines and "[search & ask answer]" in lines
+                # Tool turns do not use up env turns: an episode that did not end early took all its actions.
+                if not t.success and not t.context_full and not t.infra_failed:
+                    assert t.turns == c.env.max_turns and t.asks == len(t.ask_keys) >= 1
         tr.track.record_outcomes(trajs)
         keys = [k for t in trajs for k in t.ask_keys]
         assert all(k in tr.track.mgr.buffer.samples for k in keys)

@@ -5,6 +5,17 @@ import NLE, TextWorld or the WebShop catalogue; the class module is imported on 
 are registered with gymnasium (``gymnasium.make("comprl/MiniHack-Room-5x5-v0")`` works once ``comprl_jax.envs``
 is imported). Worker processes of the env pool resolve an id to ``(entry_point, kwargs)`` in the parent and
 rebuild it in the child from that JSON-able pair.
+
+Each spec also says how the env's tasks split into training and held-out evaluation (SPEC §8: success rate on
+held-out tasks), and what a failed episode scores:
+
+* ``levels="split"``: a finite task list per named split (ALFWorld games, WebShop goals); training plays
+  ``train_split``, evaluation ``eval_splits`` (the first is the primary figure; ``env.eval_split="eval"`` takes
+  them all, another name just that split). Splits are passed to the constructor as ``split=``.
+* ``levels="seeded"``: each seed generates its own level (MiniHack Room-Ultimate, mazes, Sokoban); training
+  draws seeds from ``[0, 2^30)`` and evaluation from ``[2^30, 2^31)`` (:class:`comprl_jax.tasks.TaskSampler`).
+* ``levels="fixed"``: one level whatever the seed (MiniHack Room-5x5): there is no held-out task, and its
+  evaluation says so (split ``"train (one fixed level)"``).
 """
 
 from __future__ import annotations
@@ -15,40 +26,81 @@ from typing import Any
 
 from comprl_jax.envs.base import TextEnv
 
+LEVELS = ("seeded", "fixed", "split")
+FIXED_SPLIT = "train (one fixed level)"
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """How to build one registered environment."""
+    """How to build one registered environment, how its tasks split, and its failure reward."""
 
     env_id: str
     entry_point: str  # "package.module:ClassName"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    levels: str = "seeded"
+    train_split: str | None = None
+    eval_splits: tuple[str, ...] = ()
+    failure_reward: float = 0.0  # reward of an unsuccessful episode (success is 1); ALFWorld: -1
+
+    def __post_init__(self):
+        if self.levels not in LEVELS:
+            raise ValueError(f"env {self.env_id!r}: levels must be one of {LEVELS}, got {self.levels!r}")
+        if (self.levels == "split") != bool(self.eval_splits and self.train_split):
+            raise ValueError(
+                f"env {self.env_id!r}: levels='split' needs train_split and eval_splits (only it)"
+            )
 
 
 _MH = "comprl_jax.envs.minihack_env:MiniHackTextEnv"
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
-def register(env_id: str, entry_point: str, **kwargs: Any) -> EnvSpec:
-    """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``. Returns the spec."""
+def register(
+    env_id: str,
+    entry_point: str,
+    *,
+    levels: str = "seeded",
+    train_split: str | None = None,
+    eval_splits: tuple[str, ...] = (),
+    failure_reward: float = 0.0,
+    **kwargs: Any,
+) -> EnvSpec:
+    """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``; ``kwargs`` go to the constructor.
+    Returns the spec."""
     if ":" not in entry_point:
         raise ValueError(f"entry_point for {env_id!r} must look like 'module:Class', got {entry_point!r}")
-    spec = EnvSpec(env_id, entry_point, dict(kwargs))
+    spec = EnvSpec(env_id, entry_point, dict(kwargs), levels, train_split, tuple(eval_splits), failure_reward)
     _REGISTRY[env_id] = spec
     return spec
 
 
 for _name in (
     "MiniHack-Room-Ultimate-5x5-v0",
-    "MiniHack-Room-5x5-v0",
     "MiniHack-MazeWalk-9x9-v0",
     "MiniHack-KeyRoom-Dark-S5-v0",
     "MiniHack-River-Narrow-v0",
 ):
     register(f"comprl/{_name}", _MH, env_name=_name)
+# Room-5x5: the agent always starts in the top-left corner and the stairs are in the bottom-right one.
+register("comprl/MiniHack-Room-5x5-v0", _MH, levels="fixed", env_name="MiniHack-Room-5x5-v0")
 register("comprl/Sokoban-6x6-2-v0", "comprl_jax.envs.sokoban_env:SokobanTextEnv", dim=6, num_boxes=2)
-register("comprl/ALFWorld-v0", "comprl_jax.envs.alfworld:ALFWorldEnv")
-register("comprl/WebShop-v0", "comprl_jax.envs.webshop.env:WebShopEnv")
+# ALFWorld: 3,553 train games; held out: valid_unseen (134, the paper's figure), then valid_seen (140).
+register(
+    "comprl/ALFWorld-v0",
+    "comprl_jax.envs.alfworld:ALFWorldEnv",
+    levels="split",
+    train_split="train",
+    eval_splits=("valid_unseen", "valid_seen"),
+    failure_reward=-1.0,
+)
+# WebShop: 6,410 training goals, 500 held-out ones (disjoint goal keys, as WebShop's own split).
+register(
+    "comprl/WebShop-v0",
+    "comprl_jax.envs.webshop.env:WebShopEnv",
+    levels="split",
+    train_split="train",
+    eval_splits=("eval",),
+)
 
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -82,6 +134,25 @@ def make(env_id: str, **kwargs: Any) -> TextEnv:
     """Builds the environment ``env_id``; ``kwargs`` override the registered ones (e.g. ``max_turns=40``)."""
     s = spec(env_id)
     return make_from_entry_point(s.entry_point, **{**s.kwargs, **kwargs})
+
+
+def failure_reward(env_id: str) -> float:
+    """Reward of an unsuccessful episode of ``env_id`` (success scores 1); unknown ids score 0."""
+    s = _REGISTRY.get(env_id)
+    return s.failure_reward if s is not None else 0.0
+
+
+def eval_splits(env_id: str, requested: str = "eval") -> tuple[str | None, ...]:
+    """The held-out splits evaluation plays for ``env_id`` (config ``env.eval_split``).
+
+    ``"eval"``: every registered held-out split (first = the primary figure); another name: just that split (for
+    ``levels="split"`` envs). ``None`` stands for "no split argument" (seeded levels: held-out seeds; a fixed level:
+    the training level, see :data:`FIXED_SPLIT`).
+    """
+    s = spec(env_id)
+    if s.levels != "split":
+        return (None,)
+    return s.eval_splits if requested == "eval" else (requested,)
 
 
 def register_with_gymnasium() -> None:

@@ -22,6 +22,9 @@ import numpy as np
 from comprl_jax.experience.index import IndexConfig, PartitionIndex
 from comprl_jax.experience.ops import Op
 
+PARTITIONS = ("task", "shared")
+SHARED = "<shared>"  # the one partition of a shared bank
+
 
 @dataclasses.dataclass
 class Entry:
@@ -39,6 +42,7 @@ class Entry:
     prompt: str = ""  # extractor prompt/response that produced the entry = its training sample
     response: str = ""
     kind: str = "distill"  # distill | merge | refine | seed
+    tokens: dict | None = None  # the sample's ids + behaviour logprobs (experience.sample.Generation.record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +52,17 @@ class BankConfig:
     max_entry_chars: int = 2_000
     key: str = "content"  # "content" (paper) | "query" (released code)
     index: IndexConfig = IndexConfig()
+    # "task": one partition per task id (search and merge inside it); "shared": one partition for every task (the
+    # paper's multi-task bank: experience transfers across tasks; each entry still records its task id).
+    partition: str = "task"
 
     def __post_init__(self):
         if self.capacity <= 0:
             raise ValueError(f"bank.capacity must be positive, got {self.capacity}")
         if self.key not in ("content", "query"):
             raise ValueError(f"bank.key must be 'content' or 'query', got {self.key!r}")
+        if self.partition not in PARTITIONS:
+            raise ValueError(f"bank.partition must be one of {PARTITIONS}, got {self.partition!r}")
         if self.dedup_threshold is not None and not -1.0 <= self.dedup_threshold <= 1.0:
             raise ValueError(f"bank.dedup_threshold must be in [-1, 1], got {self.dedup_threshold}")
 
@@ -105,7 +114,9 @@ class ApplyResult:
 
 
 class ExperienceBank:
-    """Entries by uid (insertion order = uid order = FIFO order) plus one :class:`PartitionIndex` per task id."""
+    """Entries by uid (insertion order = uid order = FIFO order) plus one :class:`PartitionIndex` per partition
+    (a task id, or :data:`SHARED` for every task; ``BankConfig.partition``). Methods take task ids; the bank maps
+    them to partitions with :meth:`part`."""
 
     def __init__(self, dim: int, cfg: BankConfig = BankConfig(), lock: RWLock | None = None):
         self.dim, self.cfg = dim, cfg
@@ -121,10 +132,15 @@ class ExperienceBank:
         rec["seq"] = len(self.op_log)
         self.op_log.append(rec)
 
+    def part(self, task_id: str) -> str:
+        """The partition (index key) that ``task_id``'s entries live in."""
+        return SHARED if self.cfg.partition == "shared" else task_id
+
     def _index(self, task_id: str) -> PartitionIndex:
-        if task_id not in self.indexes:
-            self.indexes[task_id] = PartitionIndex(self.dim, self.cfg.index, writer_lock=self.lock.write)
-        return self.indexes[task_id]
+        p = self.part(task_id)
+        if p not in self.indexes:
+            self.indexes[p] = PartitionIndex(self.dim, self.cfg.index, writer_lock=self.lock.write)
+        return self.indexes[p]
 
     def add(
         self,
@@ -137,6 +153,7 @@ class ExperienceBank:
         prompt: str = "",
         response: str = "",
         kind: str = "distill",
+        tokens: dict | None = None,
         evict: bool = True,
     ) -> int:
         """Adds one entry (no validation beyond the vector shape) and, unless ``evict=False``, evicts the oldest
@@ -149,7 +166,15 @@ class ExperienceBank:
         self.next_uid += 1
         key_text = text if key_text is None else key_text
         self.entries[uid] = Entry(
-            uid, task_id, text, key_text, int(step), prompt=prompt, response=response, kind=kind
+            uid,
+            task_id,
+            text,
+            key_text,
+            int(step),
+            prompt=prompt,
+            response=response,
+            kind=kind,
+            tokens=tokens,
         )
         self._index(task_id).add(uid, vec)
         self._log(
@@ -163,6 +188,7 @@ class ExperienceBank:
                 "prompt": prompt,
                 "response": response,
                 "kind": kind,
+                "tokens": tokens,
             }
         )
         self.counts[f"added_{kind}"] += 1
@@ -177,7 +203,7 @@ class ExperienceBank:
 
     def remove(self, uid: int, reason: str) -> None:
         entry = self.entries.pop(uid)
-        self.indexes[entry.task_id].remove(uid)
+        self.indexes[self.part(entry.task_id)].remove(uid)
         self._log({"op": "remove", "uid": uid, "reason": reason})
         self.counts[f"removed_{reason}"] += 1
 
@@ -192,6 +218,7 @@ class ExperienceBank:
             self._log({"op": "touch", "uids": uids, "now": float(now)})
 
     def mark_trained(self, uids: Sequence[int], step: int) -> None:
+        """Records that ``uids``' samples were trained on in extractor update ``step`` (Eq. 7's t)."""
         uids = [int(u) for u in uids if u in self.entries]
         for u in uids:
             self.entries[u].train_count += 1
@@ -212,6 +239,7 @@ class ExperienceBank:
         response: str = "",
         kind: str = "distill",
         key_text: str | None = None,
+        tokens: dict | None = None,
     ) -> ApplyResult:
         """Applies parsed ops atomically (caller holds the writer lock).
 
@@ -220,7 +248,7 @@ class ExperienceBank:
           ops: validated ops from :func:`~comprl_jax.experience.ops.parse_ops` (targets 0-based into ``shown``).
           shown: uids of the "previous lessons" shown to the extractor, in the order shown.
           vecs: key embedding of each op's new entry, [D] each, aligned with ``ops``.
-          step, prompt, response, kind: recorded on every new entry (its training sample).
+          step, prompt, response, kind, tokens: recorded on every new entry (its training sample).
           key_text: embedded text when ``bank.key == "query"`` (else the entry text is the key).
 
         Every op is checked against the current bank first (targets removed since the prompt was built are
@@ -234,7 +262,8 @@ class ExperienceBank:
                     rejected["target_out_of_range"] += 1
                     continue
                 if any(
-                    self.entries.get(shown[t]) is None or self.entries[shown[t]].task_id != task_id
+                    self.entries.get(shown[t]) is None
+                    or self.part(self.entries[shown[t]].task_id) != self.part(task_id)
                     for t in op.targets
                 ):
                     rejected["stale_target"] += 1
@@ -242,8 +271,8 @@ class ExperienceBank:
             elif self.cfg.dedup_threshold is not None:
                 v = np.asarray(vec, np.float32)
                 best = -np.inf
-                if task_id in self.indexes:
-                    best = float(self.indexes[task_id].search(v[None], 1)[1][0, 0])
+                if self.part(task_id) in self.indexes:
+                    best = float(self.indexes[self.part(task_id)].search(v[None], 1)[1][0, 0])
                 # Also against adds kept earlier in this same op list (not in the index yet).
                 best = max(
                     [best] + [float(v @ np.asarray(w, np.float32)) for o, w in keep if o.function == "add"]
@@ -268,6 +297,7 @@ class ExperienceBank:
                     prompt=prompt,
                     response=response,
                     kind=kind,
+                    tokens=tokens,
                     evict=False,
                 )
             )
@@ -278,17 +308,20 @@ class ExperienceBank:
 
     # -- reads (caller holds a reader lock) -------------------------------------------------------
     def search(self, task_id: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k uids [Q, k] (-1 padded) and dot-product scores [Q, k] within one partition."""
+        """Top-k uids [Q, k] (-1 padded) and dot-product scores [Q, k] within ``task_id``'s partition."""
         queries = np.asarray(queries, np.float32).reshape(-1, self.dim)
-        if task_id not in self.indexes:
+        p = self.part(task_id)
+        if p not in self.indexes:
             return np.full((len(queries), k), -1, np.int64), np.full((len(queries), k), -np.inf, np.float32)
-        return self.indexes[task_id].search(queries, k)
+        return self.indexes[p].search(queries, k)
 
     def partition(self, task_id: str) -> list[int]:
-        return [u for u, e in self.entries.items() if e.task_id == task_id]
+        """Uids in ``task_id``'s partition, FIFO order."""
+        p = self.part(task_id)
+        return [u for u, e in self.entries.items() if self.part(e.task_id) == p]
 
     def vector(self, uid: int) -> np.ndarray:
-        return self.indexes[self.entries[uid].task_id].vector(uid)
+        return self.indexes[self.part(self.entries[uid].task_id)].vector(uid)
 
     def wait_for_builds(self) -> None:
         for idx in list(self.indexes.values()):
@@ -302,7 +335,8 @@ class ExperienceBank:
         assert len(self.entries) <= self.cfg.capacity, "over capacity"
         assert sum(len(ix) for ix in self.indexes.values()) == len(self.entries), "index size != entry count"
         for u, e in self.entries.items():
-            assert e.uid == u and u in self.indexes[e.task_id], f"entry {u} missing from index {e.task_id!r}"
+            p = self.part(e.task_id)
+            assert e.uid == u and u in self.indexes[p], f"entry {u} missing from index {p!r}"
             assert e.retrievals >= 0 and (e.last_retrieved is None) == (e.retrievals == 0), f"stats of {u}"
             assert e.train_count >= 0 and (e.last_trained is None) == (e.train_count == 0), (
                 f"train stats of {u}"
@@ -330,6 +364,7 @@ class ExperienceBank:
                     prompt=rec["prompt"],
                     response=rec["response"],
                     kind=rec["kind"],
+                    tokens=rec.get("tokens"),
                     evict=False,  # evictions are replayed from their own "remove" records, in logged order
                 )
             elif op == "remove":

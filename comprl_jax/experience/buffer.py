@@ -2,15 +2,24 @@
 
 A sample is an extractor call (prompt, response) keyed by what it produced: ``"entry:<uid>"`` for a bank entry,
 ``"refine:<n>"`` for a search-and-ask answer. Every guided trajectory that used the entry adds r = +1 (success) or -1
-(failure) to the *same* sample, whose reward is the mean; a sample keeps accumulating while it waits. When the buffer
-holds ``batch_size`` samples the oldest ``batch_size`` are popped (FIFO by first reward), advantages are
-``r_i - mean(r)`` over the batch, multiplied by the count-aware weight of Eq. 7::
+(failure) to the *same* sample, whose reward is the mean; a sample keeps accumulating while it waits. While the buffer
+holds ``batch_size`` samples the oldest ``batch_size`` are popped (FIFO by first reward; the trainer pops every full
+batch, one extractor update each), advantages are ``r_i - mean(r)`` over the batch, multiplied by the count-aware
+weight of Eq. 7. ``t`` counts extractor updates (the update the batch is for), ``t_last`` is the update that last
+trained the sample's entry and ``c_train`` how many updates have::
 
-    w(m) = 0                          if t - t_last(m) < delta   (cooldown)
-           (1 + c_train(m)) ** -alpha otherwise
+    w(m) = 1                                                      never trained
+           0                                                      if t - t_last < delta            (cooldown)
+           (1 + c_train) ** -alpha * (1 - exp(-(t - t_last) / tau))   otherwise
 
-After the update the caller reports it with :meth:`ExtractorBuffer.mark_trained`, which bumps ``c_train`` and sets
-``t_last`` for the samples with ``w > 0`` (the manager mirrors this onto bank entries).
+The paper: the reweighting "discounts experiences according to cumulative training count and recency, while
+cooldown suppresses repeated short-window updates". The count factor is the released code's; the recency factor
+grows back towards 1 as the entry rests (``tau``, in extractor updates; ``tau = 0`` drops it, i.e. count only).
+With ``delta = 1`` (default) the cooldown only forbids training one sample twice in one update, which the FIFO
+already guarantees; ``delta >= 2`` makes an entry sit out whole updates.
+
+After the update the caller reports it with :meth:`ExtractorBuffer.trained_keys` (the samples with ``w > 0``), and
+the manager bumps ``c_train`` / sets ``t_last`` on the bank entries.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ class Sample:
     count: int = 0
     train_count: int = 0
     last_trained: int | None = None
+    tokens: dict | None = None  # ids + behaviour logprobs (experience.sample); None: re-encode the text
 
     @property
     def reward(self) -> float:
@@ -39,13 +49,15 @@ class Sample:
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
     batch_size: int = 64
-    cooldown: int = 1  # delta of Eq. 7, in extractor steps
+    cooldown: int = 1  # delta of Eq. 7, in extractor updates
     alpha: float = 0.5
+    recency_tau: float = 2.0  # recency factor of Eq. 7, in extractor updates (0 = count factor only)
 
 
 @dataclasses.dataclass
 class ExtractorBatch:
-    """One popped batch. Arrays are [B]; ``advantages`` already include the Eq. 7 weights."""
+    """One popped batch. Arrays are [B]; ``advantages`` already include the Eq. 7 weights; ``step`` is the
+    extractor update (t) it is for; ``tokens[i]`` is sample i's token record or None."""
 
     keys: list[str]
     prompts: list[str]
@@ -54,13 +66,21 @@ class ExtractorBatch:
     weights: np.ndarray
     advantages: np.ndarray
     step: int
+    tokens: list = dataclasses.field(default_factory=list)
 
 
-def count_aware_weights(train_counts, last_trained, step: int, cooldown: int, alpha: float) -> np.ndarray:
-    """Eq. 7 weights [B] float32; ``last_trained`` entries are None for samples never trained."""
-    w = np.power(1.0 + np.asarray(train_counts, np.float64), -alpha)
-    cool = np.array([t is not None and step - t < cooldown for t in last_trained], bool)
-    return np.where(cool, 0.0, w).astype(np.float32)
+def count_aware_weights(
+    train_counts, last_trained, step: int, cooldown: int, alpha: float, recency_tau: float = 0.0
+) -> np.ndarray:
+    """Eq. 7 weights [B] float32 for extractor update ``step`` (t); ``last_trained`` entries are the update that
+    last trained each sample (None = never: weight 1)."""
+    from comprl_jax.rl.advantages import (
+        count_aware_weight,  # the formula lives once, beside the other advantages
+    )
+
+    since = np.array([np.inf if t is None else step - t for t in last_trained], np.float32)
+    w = count_aware_weight(np.asarray(train_counts, np.float32), since, alpha, cooldown, recency_tau)
+    return np.asarray(w, np.float32).reshape(len(since))
 
 
 def batch_advantages(rewards: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -88,6 +108,7 @@ class ExtractorBuffer:
         response: str | None = None,
         train_count: int = 0,
         last_trained: int | None = None,
+        tokens: dict | None = None,
     ) -> bool:
         """Adds one trajectory's reward to ``key``'s sample, creating it (needs prompt/response) if absent.
 
@@ -98,14 +119,15 @@ class ExtractorBuffer:
             if prompt is None or response is None:
                 return False
             s = self.samples[key] = Sample(
-                key, prompt, response, train_count=train_count, last_trained=last_trained
+                key, prompt, response, train_count=train_count, last_trained=last_trained, tokens=tokens
             )
         s.reward_sum += float(reward)
         s.count += 1
         return True
 
     def pop_batch(self, step: int) -> ExtractorBatch | None:
-        """Pops the oldest ``batch_size`` samples when enough are waiting, else returns None."""
+        """Pops the oldest ``batch_size`` samples for extractor update ``step`` when enough are waiting, else
+        returns None."""
         b = self.cfg.batch_size
         if len(self.samples) < b:
             return None
@@ -118,6 +140,7 @@ class ExtractorBuffer:
             step,
             self.cfg.cooldown,
             self.cfg.alpha,
+            self.cfg.recency_tau,
         )
         return ExtractorBatch(
             [s.key for s in popped],
@@ -127,6 +150,7 @@ class ExtractorBuffer:
             weights,
             batch_advantages(rewards, weights),
             int(step),
+            [s.tokens for s in popped],
         )
 
     @staticmethod

@@ -7,7 +7,11 @@
   of a mutation.
 * Distillation: :meth:`submit_distill` enqueues finished episodes; a consumer thread batches them into
   ``extractor_fn(prompts) -> responses`` calls (the sampler in the trainer, a plain callable in tests), parses and
-  applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds.
+  applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds. A response is a
+  plain string or a :class:`~comprl_jax.experience.sample.Generation` (its token ids and behaviour logprobs then
+  travel with the entries it creates: they are the extractor's off-policy training sample).
+* Read-only searches (``record=False``, e.g. evaluation) neither touch usage stats nor draw from the RNG, so they
+  leave the bank and the training run exactly as they found them.
 * Extractor buffer: :meth:`record_outcome` / :meth:`pop_extractor_batch` / :meth:`mark_trained` (SPEC §3, Eq. 7).
 * :meth:`save` / :meth:`load` persist everything (see ``persist.py``).
 """
@@ -29,9 +33,10 @@ from comprl_jax.experience.bank import ApplyResult, BankConfig, ExperienceBank
 from comprl_jax.experience.buffer import BufferConfig, ExtractorBatch, ExtractorBuffer
 from comprl_jax.experience.ops import distill_prompt, parse_ops, parse_refine, refine_prompt
 from comprl_jax.experience.retrieval import EmbedCache, RetrievalConfig, diversify, format_experience
+from comprl_jax.experience.sample import Generation, record_of, text_of
 
 EmbedFn = Callable[[list[str]], np.ndarray]
-ExtractorFn = Callable[[list[str]], list[str]]
+ExtractorFn = Callable[[list[str]], "list[str | Generation]"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +44,7 @@ class ManagerConfig:
     batch: int = 16  # micro-batch flush size
     t_max_s: float = 0.001  # micro-batch flush delay after the first query
     workers: int = 4  # search worker threads
+    embed_workers: int = 1  # concurrent embedding calls (the paper's embedding workers)
     cache_size: int = 1000  # LRU of query embeddings
     num_previous: int = 5  # related lessons shown to the distillation call
     distill_batch: int = 8  # episodes per extractor call in the consumer
@@ -77,16 +83,19 @@ class ExperienceManager:
         cfg: ManagerConfig = ManagerConfig(),
         clock: Callable[[], float] = time.time,
         start_threads: bool = True,
+        query_embed_fn: EmbedFn | None = None,
     ):
+        """``embed_fn`` embeds entry keys (documents); ``query_embed_fn`` (default: the same) embeds retrieval
+        queries, e.g. with Qwen3-Embedding's query instruction. With ``bank.key == "query"`` keys are queries."""
         self.embed_fn, self.extractor_fn, self.clock = embed_fn, extractor_fn, clock
         self.cfg, self.retrieval_cfg = cfg, retrieval_cfg
         self.bank = ExperienceBank(dim, bank_cfg)
         self.lock = self.bank.lock
         self.buffer = ExtractorBuffer(buffer_cfg)
-        self.cache = EmbedCache(embed_fn, cfg.cache_size)
+        self.cache = EmbedCache(query_embed_fn or embed_fn, cfg.cache_size, cfg.embed_workers)
         self.rng = np.random.default_rng(cfg.seed)
         self.counts: collections.Counter = collections.Counter()
-        self.refine_samples: dict[str, tuple[str, str]] = {}
+        self.refine_samples: dict[str, tuple[str, str, dict | None]] = {}
         self.num_refines = 0
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
@@ -100,12 +109,14 @@ class ExperienceManager:
 
     @classmethod
     def with_embedder(cls, embedder, extractor_fn: ExtractorFn | None = None, **kwargs) -> ExperienceManager:
-        """A manager over an ``Embedder`` object (``.dim``, ``.embed``) or a name for ``get_embedder`` ("minilm")."""
+        """A manager over an ``Embedder`` object (``.dim``, ``.embed``, optional ``.embed_query``) or a name for
+        ``get_embedder`` ("minilm")."""
         if isinstance(embedder, str):
             from comprl_jax.models.embedders import get_embedder
 
             embedder = get_embedder(embedder)
-        return cls(embedder.embed, embedder.dim, extractor_fn, **kwargs)
+        query_fn = getattr(embedder, "embed_query", None)
+        return cls(embedder.embed, embedder.dim, extractor_fn, query_embed_fn=query_fn, **kwargs)
 
     # -- threads -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -134,12 +145,15 @@ class ExperienceManager:
         self.close()
 
     # -- search ------------------------------------------------------------------------------------
-    def search(self, queries: Sequence[str], task_ids: Sequence[str]) -> list[Retrieval]:
-        """Retrieves for each (query, task_id); blocks until answered. Thread-safe."""
+    def search(self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True) -> list[Retrieval]:
+        """Retrieves for each (query, task_id); blocks until answered. Thread-safe.
+
+        ``record=False``: a read-only search (no usage stats, no RNG draw; Eq. 6 still sees the current stats).
+        """
         if len(queries) != len(task_ids):
             raise ValueError(f"{len(queries)} queries but {len(task_ids)} task ids")
-        if not self._threads:
-            return self.search_sync(queries, task_ids)
+        if not self._threads or not record:
+            return self.search_sync(queries, task_ids, record)
         futs = []
         b = self.cfg.batch
         for i in range(0, len(queries), b):
@@ -152,12 +166,14 @@ class ExperienceManager:
             futs += [f for _, _, f in group]
         return [f.result() for f in futs]
 
-    def search_sync(self, queries: Sequence[str], task_ids: Sequence[str]) -> list[Retrieval]:
+    def search_sync(
+        self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True
+    ) -> list[Retrieval]:
         """The same pipeline in the calling thread, in micro-batches of ``cfg.batch`` (deterministic)."""
         out: list[Retrieval] = []
         for i in range(0, len(queries), self.cfg.batch):
             out += self._run_batch(
-                list(queries[i : i + self.cfg.batch]), list(task_ids[i : i + self.cfg.batch])
+                list(queries[i : i + self.cfg.batch]), list(task_ids[i : i + self.cfg.batch]), record
             )
         return out
 
@@ -198,7 +214,7 @@ class ExperienceManager:
             for _, _, f in batch:
                 f.set_exception(e)
 
-    def _run_batch(self, queries: list[str], task_ids: list[str]) -> list[Retrieval]:
+    def _run_batch(self, queries: list[str], task_ids: list[str], record: bool = True) -> list[Retrieval]:
         vecs = self.cache(queries)
         rc = self.retrieval_cfg
         by_task: dict[str, list[int]] = collections.defaultdict(list)
@@ -211,19 +227,25 @@ class ExperienceManager:
                 for r, u in zip(rows, uids, strict=True):
                     cands[r] = u
         out = []
-        with self.lock.write():
+        with self.lock.write() if record else self.lock.read():
             now = float(self.clock())
             for u in cands:
                 live = [int(x) for x in u if x >= 0 and int(x) in self.bank.entries]
                 ents = [self.bank.entries[x] for x in live]
                 pick = diversify(
-                    [e.retrievals for e in ents], [e.last_retrieved for e in ents], now, rc, self.rng
+                    [e.retrievals for e in ents],
+                    [e.last_retrieved for e in ents],
+                    now,
+                    rc,
+                    self.rng if record else None,
                 )
                 chosen = [live[p] for p in pick]
-                self.bank.touch(chosen, now)
+                if record:
+                    self.bank.touch(chosen, now)
                 texts = [self.bank.entries[x].text for x in chosen]
                 out.append(Retrieval(chosen, texts, format_experience(texts)))
-            self.counts["searches"] += len(queries)
+            if record:
+                self.counts["searches"] += len(queries)
         return out
 
     # -- extractor ops -----------------------------------------------------------------------------
@@ -231,8 +253,11 @@ class ExperienceManager:
         """Uids shown as "previous lessons": ``first`` (still live), then the nearest entries to ``query``."""
         vec = self.cache([query])
         with self.lock.read():
+            part = self.bank.part(task_id)
             shown = [
-                int(u) for u in first if u in self.bank.entries and self.bank.entries[u].task_id == task_id
+                int(u)
+                for u in first
+                if u in self.bank.entries and self.bank.part(self.bank.entries[u].task_id) == part
             ]
             uids, _ = self.bank.search(task_id, vec, self.cfg.num_previous + len(shown))
             for u in uids[0].tolist():
@@ -240,10 +265,17 @@ class ExperienceManager:
                     shown.append(u)
         return shown[: self.cfg.num_previous]
 
+    def embed_keys(self, texts: Sequence[str], query: bool) -> list[np.ndarray]:
+        """Key embeddings of new entries: the entry text (``bank.key == "content"``) or the episode's query."""
+        if not texts:
+            return []
+        vecs = self.cache(list(texts)) if query else self.embed_fn(list(texts))
+        return list(np.asarray(vecs, np.float32))
+
     def apply_output(
         self,
         task_id: str,
-        response: str,
+        response: str | Generation,
         shown: Sequence[int],
         *,
         step: int,
@@ -253,10 +285,10 @@ class ExperienceManager:
     ) -> ApplyResult:
         """Parses one extractor output and applies its ops atomically; every op is counted."""
         max_chars = self.bank.cfg.max_entry_chars
+        tokens, response = record_of(response), text_of(response)
         res = parse_ops(response, len(shown), max_chars)
         key_query = self.bank.cfg.key == "query" and query is not None
-        keys = [query if key_query else op.new_memory for op in res.ops]
-        vecs = list(np.asarray(self.embed_fn(keys), np.float32)) if keys else []
+        vecs = self.embed_keys([query if key_query else op.new_memory for op in res.ops], key_query)
         with self.lock.write():
             out = self.bank.apply_ops(
                 task_id,
@@ -268,6 +300,7 @@ class ExperienceManager:
                 response=response,
                 kind=kind,
                 key_text=query,
+                tokens=tokens,
             )
             out.rejected.update(res.rejected)
             self.counts["ops_submitted"] += res.num_items
@@ -289,7 +322,7 @@ class ExperienceManager:
                 texts = [self.bank.entries[u].text if u in self.bank.entries else "" for u in s]
             shown.append(s)
             prompts.append(distill_prompt(r.goal, r.success, r.trajectory, texts, max_chars))
-        responses = list(self.extractor_fn(prompts))
+        responses = list(self.extractor_fn(prompts))  # str or Generation each
         if len(responses) != len(prompts):
             raise ValueError(f"extractor_fn returned {len(responses)} responses for {len(prompts)} prompts")
         return [
@@ -344,9 +377,12 @@ class ExperienceManager:
         """One periodic merge pass over every partition (SPEC §4)."""
         if self.extractor_fn is None:
             raise ValueError("merge needs an extractor_fn")
-        stats = merge_lib.merge_bank(self.bank, self.embed_fn, self.extractor_fn, step, self.cfg.merge_chunk)
+        stats = merge_lib.merge_bank(
+            self.bank, self.embed_keys, self.extractor_fn, step, self.cfg.merge_chunk
+        )
         with self.lock.write():
             self.counts.update({f"merge_{k}": v for k, v in stats.items()})
+            self.counts["merge_passes"] += 1
         return stats
 
     def refine(self, question: str, situation: str, task_id: str) -> tuple[str | None, str, list[int]]:
@@ -354,21 +390,43 @@ class ExperienceManager:
 
         Returns (answer or None when unparsable, sample key for :meth:`record_refine_outcome`, retrieved uids).
         """
-        if self.extractor_fn is None:
+        return self.refine_many([(question, situation, task_id)])[0]
+
+    def refine_many(
+        self,
+        asks: Sequence[tuple[str, str, str]],
+        record: bool = True,
+        extractor_fn: ExtractorFn | None = None,
+    ) -> list[tuple[str | None, str | None, list[int]]]:
+        """:meth:`refine` for ``(question, situation, task_id)`` triples: one search batch, one extractor call.
+
+        ``record=False`` (evaluation): a read-only search and no training sample (the key is None).
+        ``extractor_fn`` overrides the manager's (e.g. evaluation's own PRNG stream).
+        """
+        fn = extractor_fn or self.extractor_fn
+        if fn is None:
             raise ValueError("refine needs an extractor_fn")
-        hit = self.search([question], [task_id])[0]
-        prompt = refine_prompt(question, situation, hit.texts)
-        response = self.extractor_fn([prompt])[0]
+        if not asks:
+            return []
+        hits = self.search([a[0] for a in asks], [a[2] for a in asks], record=record)
+        prompts = [refine_prompt(q, sit, h.texts) for (q, sit, _), h in zip(asks, hits, strict=True)]
+        responses = list(fn(prompts))
+        out = []
         with self.lock.write():
-            key = f"refine:{self.num_refines}"
-            self.num_refines += 1
-            self.refine_samples[key] = (prompt, response)
-        return parse_refine(response), key, hit.uids
+            for prompt, response, hit in zip(prompts, responses, hits, strict=True):
+                key = None
+                if record:
+                    key = f"refine:{self.num_refines}"
+                    self.num_refines += 1
+                    self.refine_samples[key] = (prompt, text_of(response), record_of(response))
+                out.append((parse_refine(text_of(response)), key, hit.uids))
+        return out
 
     # -- extractor training buffer -----------------------------------------------------------------
-    def record_outcome(self, uids: Sequence[int], success: bool) -> None:
-        """One guided trajectory that used ``uids`` finished: r = +1 on success, -1 on failure for each entry."""
-        r = 1.0 if success else -1.0
+    def record_outcome(self, uids: Sequence[int], success: bool, bonus: float = 0.0) -> None:
+        """One guided trajectory that used ``uids`` finished: r = +1 on success, -1 on failure for each entry,
+        plus ``bonus`` (the actor-critic score s of SPEC §7: the reward becomes s + r)."""
+        r = (1.0 if success else -1.0) + float(bonus)
         with self.lock.write():
             for u in dict.fromkeys(int(x) for x in uids):
                 key = f"entry:{u}"
@@ -376,7 +434,9 @@ class ExperienceManager:
                 if key in self.buffer.samples:
                     self.buffer.add_reward(key, r)
                 elif e is not None and e.prompt:
-                    self.buffer.add_reward(key, r, e.prompt, e.response, e.train_count, e.last_trained)
+                    self.buffer.add_reward(
+                        key, r, e.prompt, e.response, e.train_count, e.last_trained, e.tokens
+                    )
                 else:
                     self.counts["outcome_without_sample"] += 1
 
@@ -385,17 +445,18 @@ class ExperienceManager:
             if key in self.buffer.samples:
                 self.buffer.add_reward(key, 1.0 if success else -1.0)
             elif key in self.refine_samples:
-                p, resp = self.refine_samples.pop(key)
-                self.buffer.add_reward(key, 1.0 if success else -1.0, p, resp)
+                p, resp, tokens = self.refine_samples.pop(key)
+                self.buffer.add_reward(key, 1.0 if success else -1.0, p, resp, tokens=tokens)
             else:
                 raise KeyError(f"unknown refine sample key {key!r}")
 
     def pop_extractor_batch(self, step: int) -> ExtractorBatch | None:
+        """The next full batch for extractor update ``step`` (Eq. 7's t, counted in extractor updates), or None."""
         with self.lock.write():
             return self.buffer.pop_batch(step)
 
     def mark_trained(self, batch: ExtractorBatch, step: int) -> None:
-        """After the extractor update on ``batch``: bump c_train, set t_last (w > 0 only)."""
+        """After extractor update ``step`` on ``batch``: bump c_train, set t_last (w > 0 only)."""
         keys = ExtractorBuffer.trained_keys(batch)
         with self.lock.write():
             self.bank.mark_trained([int(k.split(":")[1]) for k in keys if k.startswith("entry:")], step)

@@ -6,7 +6,13 @@ last (at most C-1) merged items are *carried*: chunk 2 = carried + the next C - 
 If the output is "return", unparsable, or has any rejected op, the chunk is left as it is and nothing is carried.
 Partitions are independent, so one extractor call per round serves every partition still walking (batched prompts).
 Entries removed concurrently while the extractor runs are skipped; merged entries record the merge call as their
-training sample (kind "merge").
+training sample (kind "merge", with the call's token ids and behaviour logprobs when the extractor returns a
+:class:`~comprl_jax.experience.sample.Generation`).
+
+Keys follow ``bank.key`` as for added entries: the merged text itself (``"content"``), or, for ``"query"``, the
+distinct queries the chunk's originals were keyed by, joined (the merged lesson stands for all their situations).
+A merged entry records the task id of its originals, or ``MIXED_TASKS`` when a shared partition merged lessons
+of several tasks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import numpy as np
 
 from comprl_jax.experience.bank import ExperienceBank
 from comprl_jax.experience.ops import merge_prompt, parse_ops
+from comprl_jax.experience.sample import record_of, text_of
+
+MIXED_TASKS = "<mixed>"
 
 
 def next_chunk(carry: Sequence[int], originals: Sequence[int], pos: int, size: int) -> tuple[list[int], int]:
@@ -38,56 +47,76 @@ def merged_items(
 
 def merge_bank(
     bank: ExperienceBank,
-    embed_fn: Callable[[list[str]], np.ndarray],
-    extractor_fn: Callable[[list[str]], list[str]],
+    embed_keys: Callable[[list[str], bool], list[np.ndarray]],
+    extractor_fn: Callable[[list[str]], list],
     step: int,
     chunk_size: int = 5,
 ) -> dict:
-    """Runs one merge pass over every partition; returns counters (chunks, merged, kept, removed, added)."""
+    """Runs one merge pass over every partition; returns counters (chunks, merged, kept, removed, added).
+
+    ``embed_keys(texts, query)`` embeds key texts (``query=True``: with the query embedder), as
+    :meth:`~comprl_jax.experience.manager.ExperienceManager.embed_keys`.
+    """
     stats: collections.Counter = collections.Counter()
     with bank.lock.read():
-        walks = {t: {"orig": bank.partition(t), "pos": 0, "carry": []} for t in sorted(bank.indexes)}
-    walks = {t: w for t, w in walks.items() if len(w["orig"]) > 1}
+        walks = {p: {"orig": bank.partition(p), "pos": 0, "carry": []} for p in sorted(bank.indexes)}
+    walks = {p: w for p, w in walks.items() if len(w["orig"]) > 1}
     max_chars = bank.cfg.max_entry_chars
     while walks:
-        tasks, chunks, prompts = [], [], []
+        parts, tasks, chunks, prompts, keys = [], [], [], [], []
         with bank.lock.read():
-            for t, w in list(walks.items()):
+            for p, w in list(walks.items()):
                 if w["pos"] >= len(w["orig"]):
-                    del walks[t]
+                    del walks[p]
                     continue
                 chunk, w["pos"] = next_chunk(w["carry"], w["orig"], w["pos"], chunk_size)
                 chunk = [u for u in chunk if u in bank.entries]
                 if len(chunk) < 2:  # nothing to merge with; whatever is left stays as it is
                     w["carry"] = []
                     continue
-                tasks.append(t)
+                owners = {bank.entries[u].task_id for u in chunk}
+                parts.append(p)
+                tasks.append(owners.pop() if len(owners) == 1 else MIXED_TASKS)
                 chunks.append(chunk)
+                keys.append("\n".join(dict.fromkeys(bank.entries[u].key_text for u in chunk)))
                 prompts.append(merge_prompt([bank.entries[u].text for u in chunk], max_chars))
         if not prompts:
             continue
         responses = list(extractor_fn(prompts))
         if len(responses) != len(prompts):
             raise ValueError(f"extractor_fn returned {len(responses)} responses for {len(prompts)} prompts")
-        for t, chunk, prompt, response in zip(tasks, chunks, prompts, responses, strict=True):
+        for p, t, chunk, prompt, gen, key in zip(parts, tasks, chunks, prompts, responses, keys, strict=True):
             stats["chunks"] += 1
+            response = text_of(gen)
             items, rejected = merged_items(response, len(chunk), max_chars)
             stats.update({f"rejected_{k}": v for k, v in rejected.items()})
             if items is None:
                 stats["kept"] += 1
-                walks[t]["carry"] = []
+                walks[p]["carry"] = []
                 continue
-            vecs = np.asarray(embed_fn(items), np.float32)
+            by_query = bank.cfg.key == "query"
+            key_texts = [key] * len(items) if by_query else items
+            vecs = embed_keys(key_texts, by_query)
             with bank.lock.write():
                 for u in chunk:
                     if u in bank.entries:
                         bank.remove(u, "merge")
                         stats["removed"] += 1
                 added = [
-                    bank.add(t, text, v, step=step, prompt=prompt, response=response, kind="merge")
-                    for text, v in zip(items, vecs, strict=True)
+                    bank.add(
+                        t,
+                        text,
+                        v,
+                        step=step,
+                        key_text=kt,
+                        prompt=prompt,
+                        response=response,
+                        kind="merge",
+                        tokens=record_of(gen),
+                    )
+                    for text, kt, v in zip(items, key_texts, vecs, strict=True)
                 ]
             stats["merged"] += 1
             stats["added"] += len(added)
-            walks[t]["carry"] = added[-(chunk_size - 1) :] if chunk_size > 1 else []
+            walks[p]["carry"] = added[-(chunk_size - 1) :] if chunk_size > 1 else []
     return dict(stats)

@@ -241,3 +241,17 @@ def _parse_one(raw, num_previous: int, max_chars: int, used: set[int]) -> tuple[
     if len(set(targets)) != len(targets) or used.intersection(targets):
         return None, "duplicate_target"
     return Op("update", params["new_memory"], targets), None
+
+
+def corpus_strings() -> list[str]:
+    """Text of every extractor prompt template and the op format: a tiny run's tokenizer is trained on it."""
+    lesson = "<title>move east</title><content>the stairs are often east</content>"
+    return [
+        distill_prompt("goal", True, "Observation: x\nAction: y", [lesson], 10),
+        distill_prompt("goal", False, "Observation: x\nAction: y", [], 10),
+        merge_prompt([lesson, lesson], 10),
+        refine_prompt("where are the stairs", "Observation: x", [lesson]),
+        '[{"function_name": "add", "parameters": {"new_memory": "',
+        '{"function_name": "update", "parameters": {"target_idx": [1], "new_memory": "',
+        '{"function_name": "return"}',
+    ]

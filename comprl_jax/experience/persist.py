@@ -3,7 +3,8 @@
 Layout of a store directory (format ``comprl_jax.experience/1``)::
 
     meta.json        format, dim, configs, next uid, counters, RNG state (numpy PCG64 state dict), refine samples,
-                     and per partition the published ScaNN index (its subdirectory, or null for exact search)
+                     and per partition (key: a task id, or the shared partition) the published ScaNN index (its
+                     subdirectory, or null for exact search)
     entries.json     list of entries (every field of bank.Entry), in uid order
     embeddings.npy   [N, D] float32 key embeddings, row i = entries.json[i]
     buffer.json      extractor training buffer (samples in FIFO order)
@@ -32,6 +33,18 @@ from comprl_jax.experience.index import BuiltIndex, IndexConfig, load_scann, sav
 from comprl_jax.experience.retrieval import RetrievalConfig
 
 FORMAT = "comprl_jax.experience/1"
+
+
+def read_json(path: str, lines: bool = False):
+    """One JSON document (``lines``: one per non-empty line) from ``path``; a missing or unreadable file raises
+    naming the file (a resume then falls back to an earlier step and says which file was bad)."""
+    try:
+        with open(path) as f:
+            return [json.loads(x) for x in f if x.strip()] if lines else json.load(f)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"experience store file {path} is missing") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"experience store file {path} is not valid JSON ({e})") from e
 
 
 def _write_json(path: str, obj) -> None:
@@ -102,11 +115,9 @@ def save_manager(mgr, path: str) -> None:
 
 def load_manager(mgr, path: str) -> None:
     """Replaces ``mgr``'s bank, buffer, RNG and counters with the store at ``path``."""
-    try:
-        with open(os.path.join(path, "meta.json")) as f:
-            meta = json.load(f)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"no experience store at {path} (missing meta.json)") from e
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no experience store at {path} (missing meta.json)")
+    meta = read_json(os.path.join(path, "meta.json"))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}/meta.json: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
     if meta["dim"] != mgr.bank.dim:
@@ -120,24 +131,21 @@ def load_manager(mgr, path: str) -> None:
                 f"{path}: saved {name} config differs from this manager's in {diff} "
                 "(use ExperienceManager.restore to take the saved configs)"
             )
-    with open(os.path.join(path, "entries.json")) as f:
-        entries = [Entry(**d) for d in json.load(f)]
+    entries = [Entry(**d) for d in read_json(os.path.join(path, "entries.json"))]
     emb = np.load(os.path.join(path, "embeddings.npy"), allow_pickle=False)
     if emb.shape != (len(entries), mgr.bank.dim):
         raise ValueError(
             f"{path}/embeddings.npy has shape {emb.shape}, expected ({len(entries)}, {mgr.bank.dim})"
         )
-    with open(os.path.join(path, "buffer.json")) as f:
-        buffer_state = json.load(f)
-    with open(os.path.join(path, "oplog.jsonl")) as f:
-        op_log = [json.loads(line) for line in f if line.strip()]
+    buffer_state = read_json(os.path.join(path, "buffer.json"))
+    op_log = read_json(os.path.join(path, "oplog.jsonl"), lines=True)
     with mgr.lock.write():
         bank = mgr.bank
         bank.entries = collections.OrderedDict((e.uid, e) for e in entries)
         bank.indexes = {}
-        by_task: dict[str, list[int]] = collections.defaultdict(list)
+        by_task: dict[str, list[int]] = collections.defaultdict(list)  # partition key -> rows
         for i, e in enumerate(entries):
-            by_task[e.task_id].append(i)
+            by_task[bank.part(e.task_id)].append(i)
         built_dirs = {p["task_id"]: p["index"] for p in meta["partitions"]}
         for task_id in sorted(set(by_task) | set(built_dirs)):
             rows = by_task.get(task_id, [])
@@ -156,7 +164,8 @@ def load_manager(mgr, path: str) -> None:
         bank.op_log = op_log
         mgr.counts = collections.Counter(meta["manager_counts"])
         mgr.rng.bit_generator.state = meta["rng_state"]
-        mgr.refine_samples = {k: tuple(v) for k, v in meta["refine_samples"].items()}
+        # (prompt, response, token record); stores written before token records were kept have pairs.
+        mgr.refine_samples = {k: (*v, None)[:3] for k, v in meta["refine_samples"].items()}
         mgr.num_refines = int(meta["num_refines"])
         mgr.buffer.load_state_dict(buffer_state)
 

@@ -23,7 +23,9 @@ class RetrievalConfig:
     top_k: int = 1  # K entries put in the prompt
     num_candidates: int = 16  # N*K fetched from the index before the re-rank
     lam: float = 0.4  # lambda of Eq. 6
-    window_s: float = 300.0  # recency window of Eq. 6, clock seconds
+    # Recency window of Eq. 6 in the manager's clock units: seconds for a wall clock (paper: 300 s), rollout
+    # steps for the trainer's step clock (config retrieval.clock).
+    window: float = 300.0
     dropout: float = 0.5  # released code: a recently retrieved top-1 goes to the end with this probability
 
     def __post_init__(self):
@@ -36,21 +38,21 @@ class RetrievalConfig:
 
 
 def eq6_scores(
-    retrievals: Sequence[int], last_retrieved: Sequence[float | None], now: float, lam: float, window_s: float
+    retrievals: Sequence[int], last_retrieved: Sequence[float | None], now: float, lam: float, window: float
 ) -> np.ndarray:
     """Eq. 6 for candidates given best-first: s(m) = -rank(m) - lam*log(1+retrievals(m)) - 1[retrieved recently].
 
     Args:
       retrievals: retrieval count of each candidate, [C], in similarity order (rank 1 first).
       last_retrieved: clock time of each candidate's last retrieval (None = never), [C].
-      now: current clock time.
+      now: current clock time; window: the recency window in the same units.
 
     Returns:
       [C] float64 scores, higher is better.
     """
     rank = np.arange(1, len(retrievals) + 1, dtype=np.float64)
     count = np.log1p(np.asarray(retrievals, np.float64))
-    recent = np.array([t is not None and now - t < window_s for t in last_retrieved], np.float64)
+    recent = np.array([t is not None and now - t < window for t in last_retrieved], np.float64)
     return -rank - lam * count - recent
 
 
@@ -59,21 +61,23 @@ def diversify(
     last_retrieved: Sequence[float | None],
     now: float,
     cfg: RetrievalConfig,
-    rng: np.random.Generator,
+    rng: np.random.Generator | None,
 ) -> list[int]:
     """Eq. 6 re-rank plus the top-1 dropout; returns positions (into the candidate list) of the chosen top K.
 
     The RNG is drawn only when the top-1 after the re-rank was retrieved within the window, so the draw sequence
-    (and hence a restored store's answers) depends only on the bank state.
+    (and hence a restored store's answers) depends only on the bank state. ``rng=None``: no dropout (read-only
+    searches, e.g. evaluation, must not advance the training RNG).
     """
     n = len(retrievals)
     if n == 0:
         return []
-    s = eq6_scores(retrievals, last_retrieved, now, cfg.lam, cfg.window_s)
+    s = eq6_scores(retrievals, last_retrieved, now, cfg.lam, cfg.window)
     order = sorted(range(n), key=lambda i: (-s[i], i))  # ties: the more similar candidate first
     top = order[0]
     t = last_retrieved[top]
-    if cfg.dropout > 0 and n > 1 and t is not None and now - t < cfg.window_s and rng.random() < cfg.dropout:
+    recent = t is not None and now - t < cfg.window
+    if rng is not None and cfg.dropout > 0 and n > 1 and recent and rng.random() < cfg.dropout:
         order = order[1:] + [top]
     return order[: cfg.top_k]
 
@@ -91,19 +95,42 @@ def format_experience(texts: Sequence[str]) -> str:
     return f"{EXPERIENCE_HEADER}\n{body}"
 
 
+BLANK_FILLER = " ."
+
+
+def blank_experience(block: str, count_tokens: Callable[[str], int]) -> str:
+    """The control arm's block (config ``experience.blank``): the header and ``[No experience found]``, padded with
+    filler to at least the token length of ``block``, so the guided half keeps its prompt length but sees no
+    content. ``count_tokens``: the actor tokenizer's token count of a text."""
+    base = format_experience([])
+    want = count_tokens(block)
+    have = count_tokens(base)
+    if have >= want:
+        return base
+    k = max(1, (want - have) // max(1, count_tokens(BLANK_FILLER.strip())))
+    while count_tokens(base + "\n" + BLANK_FILLER * k) > want and k > 1:  # a filler unit may be 2 tokens
+        k -= 1
+    while count_tokens(base + "\n" + BLANK_FILLER * k) < want:
+        k += 1
+    return base + "\n" + BLANK_FILLER * k
+
+
 class EmbedCache:
     """Thread-safe LRU cache in front of ``embed_fn(texts) -> [N, D]`` float32 (L2-normalised).
 
-    Misses are embedded in one ``embed_fn`` call per lookup, one call at a time (``_embed_lock``): the embedder is a
-    jitted JAX model whose XLA thread pool already uses every core, and concurrent first calls would compile the
-    same shapes twice.
+    Misses are embedded in one ``embed_fn`` call per lookup; at most ``workers`` lookups embed at once (the
+    paper's embedding workers, config ``manager.embed_workers``). Concurrent calls overlap host-side tokenisation
+    and device dispatch of different search micro-batches; on a CPU, whose XLA thread pool already uses every
+    core, 1 is as fast.
     """
 
-    def __init__(self, embed_fn: Callable[[list[str]], np.ndarray], size: int = 1000):
+    def __init__(self, embed_fn: Callable[[list[str]], np.ndarray], size: int = 1000, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"manager.embed_workers must be >= 1, got {workers}")
         self.embed_fn, self.size = embed_fn, size
         self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._embed_lock = threading.Lock()
+        self._embed_lock = threading.Semaphore(workers)
         self.hits = self.misses = 0
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -133,3 +160,9 @@ class EmbedCache:
         if not texts:
             return np.zeros((0, 0), np.float32)
         return np.stack(out).astype(np.float32)
+
+
+def corpus_strings() -> list[str]:
+    """The experience block's text (a tiny run's tokenizer is trained on it)."""
+    lesson = "<title>move east</title><content>the stairs are often east</content>"
+    return [format_experience([lesson]), format_experience([])]

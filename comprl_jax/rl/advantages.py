@@ -28,6 +28,7 @@ def subgroup_advantages(
     eps: float = 1e-6,
     ddof: int = 1,
     zero_std_tol: float = 1e-6,
+    valid=None,
 ):
     """Normalises rewards within each (group, subgroup) cell.
 
@@ -43,6 +44,8 @@ def subgroup_advantages(
       ddof: std degrees of freedom; 1 = unbiased, like ``torch.std`` in the reference GRPO code. A cell of
         one rollout has std 0 and so gets advantage 0.
       zero_std_tol: std at or below this counts as zero variance.
+      valid: optional ``[G, K]`` bool; False rollouts (infrastructure failures: the env raised, hung or its
+        worker died) are left out of their cell's statistics and get advantage 0.
 
     Returns:
       ``[G, K]`` float32 advantages.
@@ -53,9 +56,10 @@ def subgroup_advantages(
     sg = jnp.asarray(subgroup, jnp.int32)
     if r.ndim != 2 or r.shape != sg.shape:
         raise ValueError(f"rewards {r.shape} and subgroup {sg.shape} must both be [G, K]")
+    ok = jnp.ones(r.shape, bool) if valid is None else jnp.asarray(valid, bool)
     out = jnp.zeros_like(r)
     for c in range(NUM_SUBGROUPS):
-        m = (sg == c).astype(jnp.float32)
+        m = ((sg == c) & ok).astype(jnp.float32)
         n = m.sum(-1, keepdims=True)
         mean = (r * m).sum(-1, keepdims=True) / jnp.maximum(n, 1.0)
         centred = (r - mean) * m
@@ -79,23 +83,25 @@ def whole_group_advantages(rewards, mode: str = "mean_std", eps: float = 1e-6, d
     return subgroup_advantages(r, jnp.zeros(r.shape, jnp.int32), mode, eps, ddof)
 
 
-def self_distillation_select(rewards, subgroup):
+def self_distillation_select(rewards, subgroup, valid=None):
     """SPEC §7 self-distillation: which guided rollouts beat their group's free-subgroup mean reward.
 
     The trainer re-encodes the selected trajectories with the experience stripped from their context and adds
     them to the actor batch as SFT rows (``sft_row = 1``, see :mod:`comprl_jax.rl.losses`).
 
     Args:
-      rewards: ``[G, K]``; subgroup: ``[G, K]`` (1 = guided).
+      rewards: ``[G, K]``; subgroup: ``[G, K]`` (1 = guided); valid: optional ``[G, K]`` bool (infra failures
+        neither count in the free mean nor get selected).
     Returns:
-      ``[G, K]`` bool. A group without free rollouts selects nothing.
+      ``[G, K]`` bool. A group without (valid) free rollouts selects nothing.
     """
     r = jnp.asarray(rewards, jnp.float32)
     sg = jnp.asarray(subgroup, jnp.int32)
-    free = (sg == 0).astype(jnp.float32)
+    ok = jnp.ones(r.shape, bool) if valid is None else jnp.asarray(valid, bool)
+    free = ((sg == 0) & ok).astype(jnp.float32)
     n_free = free.sum(-1, keepdims=True)
     free_mean = (r * free).sum(-1, keepdims=True) / jnp.maximum(n_free, 1.0)
-    return (sg == 1) & (n_free > 0) & (r > free_mean)
+    return (sg == 1) & ok & (n_free > 0) & (r > free_mean)
 
 
 def extractor_rewards(outcome_mean, critic_score=None, actor_critic: bool = False):
@@ -132,16 +138,24 @@ def extractor_advantages(rewards):
     return r - r.mean()
 
 
-def count_aware_weight(train_count, steps_since_trained, alpha: float = 0.5, cooldown: int = 1):
-    """Eq. 7: ``w = 0`` while cooling down (``t - t_last < δ``), else ``(1 + c_train)^(-α)``.
+def count_aware_weight(
+    train_count, steps_since_trained, alpha: float = 0.5, cooldown: int = 1, recency_tau: float = 0.0
+):
+    """Eq. 7: ``w = 0`` while cooling down (``t - t_last < δ``), else
+    ``(1 + c_train)^(-α) · (1 - exp(-(t - t_last) / τ))`` (the recency factor only when ``τ > 0``).
 
-    The experience buffer owns the counters; this is the formula, shared with the notebook.
+    ``t`` counts extractor updates. The experience buffer owns the counters
+    (:func:`comprl_jax.experience.buffer.count_aware_weights` calls this); the notebook plots it.
 
     Args:
       train_count: ``[N]`` times each entry was trained on.
-      steps_since_trained: ``[N]`` ``t - t_last_trained`` (use a large value for never-trained entries).
-      alpha: α; cooldown: δ.
+      steps_since_trained: ``[N]`` ``t - t_last_trained`` in extractor updates (``inf`` for never-trained entries:
+        weight 1).
+      alpha: α; cooldown: δ; recency_tau: τ (0 = count factor only, the released code).
     """
     c = jnp.asarray(train_count, jnp.float32)
     dt = jnp.asarray(steps_since_trained, jnp.float32)
-    return jnp.where(dt < cooldown, 0.0, (1.0 + c) ** (-alpha))
+    w = (1.0 + c) ** (-alpha)
+    if recency_tau > 0:
+        w = w * -jnp.expm1(-dt / recency_tau)
+    return jnp.where(dt < cooldown, 0.0, w)

@@ -343,6 +343,7 @@ def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
     metrics = {
         "cispo_loss": (loss, jnp.sum(w)),
         "is_weight": _masked_pair(is_w, m),
+        "is_weight_max": (jnp.max(jnp.where(m > 0, is_w, 0.0)), jnp.max(m)),
         "adv_mean": _masked_pair(raw_adv, rows),
         "adv_sq": _masked_pair(raw_adv**2, rows),
         "weighted_frac": _masked_pair((sw > 0).astype(jnp.float32), rows),
@@ -355,13 +356,30 @@ def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
 def _policy_metrics(log_ratio, clipped, entropy, m):
     # k3 estimator of KL(π_old || π): (ρ - 1) - log ρ >= 0, unbiased under samples from π_old.
     k3 = jnp.exp(log_ratio) - 1.0 - log_ratio
+    ratio = jnp.exp(log_ratio)
     out = {
         "clipfrac": _masked_pair(clipped, m),
         "approx_kl": _masked_pair(k3, m),
-        "ratio": _masked_pair(jnp.exp(log_ratio), m),
+        "ratio": _masked_pair(ratio, m),
+        # A max, not a sum: micro-batch accumulation takes the maximum of "*_max" pairs (den = any token).
+        "ratio_max": (jnp.max(jnp.where(m > 0, ratio, 0.0)), jnp.max(m)),
     }
     if entropy is not None:
         out["entropy"] = _masked_pair(entropy, m)
+    return out
+
+
+def is_max_metric(name: str) -> bool:
+    """Metric pairs accumulated over micro-batches with ``max`` instead of a sum."""
+    return name.endswith("_max")
+
+
+def accumulate_pairs(acc, pairs):
+    """Adds one micro-batch's ``{name: (num, den)}`` to ``acc`` (float32): sums, or the max for ``*_max``."""
+    out = {}
+    for k, v in pairs.items():
+        op = jnp.maximum if is_max_metric(k) else jnp.add
+        out[k] = tuple(op(a, b.astype(jnp.float32)) for a, b in zip(acc[k], v, strict=True))
     return out
 
 

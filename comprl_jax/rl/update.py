@@ -23,7 +23,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from comprl_jax import sharding as shd
-from comprl_jax.rl.losses import LOSSES, chunked_token_logprobs, finalize_metrics, token_logprobs
+from comprl_jax.rl.losses import (
+    LOSSES,
+    accumulate_pairs,
+    chunked_token_logprobs,
+    finalize_metrics,
+    token_logprobs,
+)
 from comprl_jax.rl.train_state import TrainState
 
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -157,8 +163,7 @@ def accumulate_gradients(
     def body(carry, mb):
         g, m = grad_fn(params, mb)
         g_acc = pin(jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry[0], g))
-        m_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), carry[1], m)
-        return (g_acc, m_acc), None
+        return (g_acc, accumulate_pairs(carry[1], m)), None
 
     (grads, pairs), _ = jax.lax.scan(body, zeros, micro)
     return grads, pairs

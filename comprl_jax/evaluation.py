@@ -1,0 +1,87 @@
+"""Held-out evaluation (SPEC §8): binary success rate on tasks the actor never trained on, per env and split.
+
+Which tasks are held out is a property of each env (:mod:`comprl_jax.envs.registry`):
+
+* split envs (ALFWorld, WebShop) play their held-out splits through pools built with ``split=``: ALFWorld
+  ``valid_unseen`` (the paper's 134 games; label = the env id) and ``valid_seen`` (label ``<env id>@valid_seen``),
+  WebShop's 500 ``eval`` goals. Task ``i`` is seed ``i``, i.e. the first ``n`` games / goals of the split's fixed
+  order, all distinct.
+* seeded envs play seeds from the evaluation range ``[2^30, 2^31)``, disjoint from every training seed;
+* a fixed-level env (MiniHack Room-5x5) has no held-out task: it is evaluated on its one level and the split says
+  so.
+
+Each task is played ``group_size / 2`` times, all with retrieved experience (``with_exp``) or all without
+(``without_exp``), sampled with the training sampling settings. Evaluation changes nothing in the run: retrieval
+is read-only, search & ask answers are not training samples, and its PRNG keys are its own.
+
+A result row: ``{"env_id", "split", "success", "episodes", "infra_failed", "mean_reward"}``; ``success`` and
+``mean_reward`` are over the ``episodes`` that did not fail for infrastructure reasons (``infra_failed`` of them
+did: an env raised, hung or its worker died).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from comprl_jax.envs import registry
+from comprl_jax.rollout import outcome
+from comprl_jax.tasks import Task, TaskSampler
+
+SEEDED_SPLIT = "held-out seeds"
+
+
+def splits_of(env_id: str, requested: str = "eval") -> tuple[str | None, ...]:
+    """The splits evaluation plays for ``env_id`` (``None``: no split argument; see the module docstring)."""
+    return registry.eval_splits(env_id, requested)
+
+
+def split_name(env_id: str, split: str | None) -> str:
+    if split is not None:
+        return split
+    return registry.FIXED_SPLIT if registry.spec(env_id).levels == "fixed" else SEEDED_SPLIT
+
+
+def label(env_id: str, split: str | None, requested: str = "eval") -> str:
+    """The env id for its primary held-out figure, ``<env id>@<split>`` for the others."""
+    primary = splits_of(env_id, requested)[0]
+    return env_id if split == primary else f"{env_id}@{split}"
+
+
+def eval_tasks(env_id: str, index: int, split: str | None, n: int, seed: int) -> list[Task]:
+    """``n`` held-out tasks of ``env_id`` on ``split`` (``index``: its position in the mixture)."""
+    if split is not None:
+        return [Task(env_id, i, index) for i in range(n)]
+    sampler = TaskSampler((env_id,), n, seed)
+    return [Task(env_id, t.seed, index) for t in sampler.eval_tasks(n)]
+
+
+def evaluate(trainer: Any, n_per_task: int, with_experience: bool) -> dict[str, dict]:
+    """Plays the held-out tasks of every env in ``trainer.c.env.tasks``; returns ``{label: row}``."""
+    c = trainer.c
+    guided = with_experience and trainer.track is not None
+    out: dict[str, dict] = {}
+    key = jax.random.key(c.seed + 12345 + (1 if guided else 0))
+    per_call = c.rollout.tasks_per_step * 2  # tasks x K/2 episodes = the training pools' slots
+    for index, env_id in enumerate(c.env.tasks):
+        for split in splits_of(env_id, c.env.eval_split):
+            pools = trainer.eval_pools(split)
+            tasks = eval_tasks(env_id, index, split, n_per_task, c.seed)
+            trajs = []
+            for i in range(0, len(tasks), per_call):
+                key, sub = jax.random.split(key)
+                specs = trainer.episode_specs(tasks[i : i + per_call], guided=guided, eval_mode=True)
+                got, _ = trainer.play(specs, pools, step=trainer.step, key=sub, record=False)
+                trajs += got
+            ok = [t for t in trajs if not t.infra_failed]
+            out[label(env_id, split, c.env.eval_split)] = {
+                "env_id": env_id,
+                "split": split_name(env_id, split),
+                "success": float(np.mean([t.success for t in ok])) if ok else float("nan"),
+                "episodes": len(ok),
+                "infra_failed": len(trajs) - len(ok),
+                "mean_reward": float(np.mean([outcome(t) for t in ok])) if ok else float("nan"),
+            }
+    return out

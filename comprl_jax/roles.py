@@ -1,0 +1,199 @@
+"""A trained LLM role (actor or extractor): model, train state, jitted update / log-prob functions, sampler, mesh.
+
+:func:`build_role` wires one role from its config section; :func:`dispatch_update` takes the optimizer steps of one
+batch. Both roles train off-policy-correctly:
+
+* the batch carries the sampler's own log-probabilities of the sampled tokens (``behaviour_logprobs``) next to the
+  exact sampled ids, so nothing is re-encoded;
+* the actor's ``old_logprobs`` (PPO's pi_old) are those of the pre-update weights, recomputed once for the whole
+  batch before its first optimizer step; with ``actor.updates_per_batch > 1`` the later mini-batches see
+  rho != 1 and the clip acts. ``logprob_mismatch`` reports |sampler - trainer| on the same weights (~1e-6 in
+  float32: a larger value means the two code paths disagree);
+* the extractor's ``old_logprobs`` are the behaviour log-probabilities of the weights that *wrote* each sample
+  (it may have waited through several updates in the buffer), so CISPO's importance weight is the real one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from comprl_jax import distributed as dist
+from comprl_jax import sharding as shd
+from comprl_jax.model_zoo import LoadedModel
+from comprl_jax.models import decoder
+from comprl_jax.rl import (
+    OptimConfig,
+    create_train_state,
+    make_logprob_fn,
+    make_optimizer,
+    make_update_fn,
+    train_state_shardings,
+)
+from comprl_jax.rl.losses import is_max_metric
+from comprl_jax.rl.update import ChunkedHead
+from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
+
+BEHAVIOUR = "behaviour_logprobs"  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
+BEHAVIOUR_MASK = "behaviour_mask"  # [R, T] float32, 1 where BEHAVIOUR is known and the token is trained on
+USE_BEHAVIOUR = "use_behaviour"  # [R] bool, rows whose old_logprobs are the behaviour ones (extractor)
+
+
+def sampling_params(s) -> SamplingParams:
+    """``SamplingParams`` from a role's ``sampling`` config section."""
+    return SamplingParams(
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        greedy=s.greedy,
+    )
+
+
+@dataclasses.dataclass
+class Role:
+    """One trained LLM. ``rows``: rows of each optimizer step's batch (the update is compiled for it)."""
+
+    name: str
+    model: LoadedModel
+    state: Any
+    update: Any
+    logprobs: Any
+    sampler: SamplerService
+    mesh: Any = None  # the role's device mesh (None: one device, unsharded)
+    rows: int = 0
+
+
+def scorer(graphdef, remat: bool, logits_chunk: int):
+    """The model as the updates see it: plain logits, or trunk + output head scored ``logits_chunk`` positions
+    at a time (:class:`~comprl_jax.rl.update.ChunkedHead`); ``remat`` recomputes each layer in the backward."""
+    if not logits_chunk:
+        return functools.partial(decoder.forward, graphdef, remat=remat)
+    return ChunkedHead(
+        functools.partial(decoder.forward, graphdef, return_hidden=True, remat=remat),
+        functools.partial(decoder.logits_from_hidden, graphdef),
+        logits_chunk,
+    )
+
+
+def build_role(model: LoadedModel, name: str, cfg, loss_cfg, kind: str, rows: int, mesh=None) -> Role:
+    """A role from its config section ``cfg`` (``config.actor`` / ``config.extractor``).
+
+    Args:
+      kind: the loss (``"actor"`` | ``"extractor"``, :data:`comprl_jax.rl.losses.LOSSES`).
+      rows: rows of each optimizer step (one rollout mini-batch / one buffer pop); fixed, so the update compiles
+        once.
+    """
+    if rows % cfg.micro_batch:
+        raise ValueError(
+            f"config key {name}.micro_batch={cfg.micro_batch} must divide the {rows} rows of each {name} "
+            "optimizer step"
+        )
+    nb = dist.batch_devices(mesh)
+    if cfg.micro_batch % nb:
+        raise ValueError(
+            f"config key {name}.micro_batch={cfg.micro_batch} must be a multiple of the {nb} devices the {name} "
+            f"batch is split over (mesh.data x mesh.fsdp of its mesh {dict(mesh.shape)}); raise "
+            f"{name}.micro_batch, or put devices on mesh.tensor / use fewer with mesh.num_devices"
+        )
+    micro = rows // cfg.micro_batch
+    tx = make_optimizer(OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip))
+    state = create_train_state(model.params, tx, mesh)
+    logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk)
+    shardings = None if mesh is None else train_state_shardings(state, mesh)
+    update = make_update_fn(
+        logits_fn, kind, loss_cfg, tx, num_micro_batches=micro, mesh=mesh, state_shardings=shardings
+    )
+    logprobs = make_logprob_fn(
+        logits_fn,
+        num_micro_batches=micro,
+        mesh=mesh,
+        param_shardings=None if shardings is None else shardings.params,
+    )
+    tok = model.tokenizer
+    stop_ids = [i for i in (tok.eos_id, tok.special_ids.get("<|im_end|>")) if i is not None]
+    sampler = (SamplerService if mesh is None else dist.mesh_sampler_cls())(
+        model.graphdef,
+        state.params,
+        model.cfg,
+        vocab=vocab_bytes(tok, model.cfg.vocab_size),
+        stop_token_ids=stop_ids,
+        pad_id=tok.pad_id,
+        mesh=mesh,
+    )
+    return Role(name, model, state, update, logprobs, sampler, mesh, rows)
+
+
+def _put(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    if role.mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    return shd.put_batch(batch, role.mesh)  # each process feeds the rows its devices hold
+
+
+def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """The optimizer steps of one batch: ``len(batch) / role.rows`` strided mini-batches, each one step.
+
+    ``old_logprobs`` of every mini-batch are computed with the pre-update weights before the first step; rows
+    flagged in ``batch[USE_BEHAVIOUR]`` use ``batch[BEHAVIOUR]`` instead (the extractor's stale samples). The
+    behaviour keys are optional and never reach the loss. The sampler gets the new weights at the end.
+
+    Returns the metrics as device arrays (mean over mini-batches; ``*_max`` the max; ``step`` the last), plus
+    ``logprob_mismatch``: mean |recomputed - behaviour| over ``batch[BEHAVIOUR_MASK]`` tokens. Nothing here waits
+    for the device (async dispatch).
+    """
+    host = dict(batch)
+    behaviour = host.pop(BEHAVIOUR, None)
+    bmask = host.pop(BEHAVIOUR_MASK, None)
+    use = host.pop(USE_BEHAVIOUR, None)
+    total = host["tokens"].shape[0]
+    if total % role.rows:
+        raise ValueError(f"{role.name} batch of {total} rows is not a multiple of its step size {role.rows}")
+    n = total // role.rows
+    parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
+    dev = [_put(role, p) for p in parts]
+    old = [role.logprobs(role.state.params, d) for d in dev]  # pi_old: the weights before this batch's steps
+    gaps = []
+    if behaviour is not None:
+        for i in range(n):
+            b = _put(role, {"b": behaviour[i::n], "m": bmask[i::n], "u": _rows_flag(use, total)[i::n]})
+            old[i], num, den = _with_behaviour(old[i], b["b"], b["m"], b["u"])
+            gaps.append((num, den))
+    steps = []
+    for d, o in zip(dev, old, strict=True):
+        d["old_logprobs"] = o
+        role.state, m = role.update(role.state, d)
+        steps.append(m)
+    role.sampler.update_params(role.state.params)
+    return _combine(steps, gaps)
+
+
+def _rows_flag(use, total: int) -> np.ndarray:
+    return np.zeros((total,), bool) if use is None else np.asarray(use, bool)
+
+
+@jax.jit
+def _with_behaviour(old, behaviour, mask, use):
+    """Rows flagged ``use`` take the behaviour logprobs as pi_old; also (sum |old - behaviour|, tokens) on
+    ``mask`` (one jitted call, not a handful of eager ops)."""
+    num = jnp.sum(jnp.abs(old - behaviour) * mask)
+    return jnp.where(use[:, None], behaviour, old), num, jnp.sum(mask)
+
+
+@jax.jit
+def _combine(steps, gaps):
+    """Metrics of a batch's optimizer steps: the mean (``*_max``: the max, ``step``: the last) and
+    ``logprob_mismatch``."""
+    out = {}
+    for k in steps[0]:
+        vals = jnp.stack([m[k] for m in steps])
+        out[k] = vals[-1] if k == "step" else (jnp.max(vals) if is_max_metric(k) else jnp.nanmean(vals))
+    if gaps:
+        num = sum(g[0] for g in gaps)
+        den = sum(g[1] for g in gaps)
+        out["logprob_mismatch"] = jnp.where(den > 0, num / jnp.maximum(den, 1.0), jnp.nan)
+    return out
