@@ -93,6 +93,9 @@ def run_one(c, budget_s: float, eval_every: int, eval_tasks: int, target: float,
             for k in ("success/guided", "success/free", "actions_per_episode"):
                 if k in m:
                     row[k] = round(m[k], 4)
+            for k in ("time/rollout_s", "time/update_s", "time/extraction_s"):
+                if k in m:
+                    row[k.split("/")[1]] = round(m[k], 2)
             if tr.step % eval_every == 0:
                 greedy, sampled = greedy_and_sampled(tr, eval_tasks)
                 row["eval_greedy"], row["eval_sampled"] = round(greedy, 4), round(sampled, 4)
