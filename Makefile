@@ -27,8 +27,11 @@ setup: $(STAMP)
 demo: setup
 	$(PYTHON) launch/demo.py --workdir=runs/demo
 
+# Two pytest-xdist workers (TEST_WORKERS=N for more on a bigger machine; memory: up to ~8 GB each). Compiling is
+# mostly single-threaded and many tests wait on subprocesses, so two workers halve the suite's time on 2 cores.
+TEST_WORKERS ?= 2
 test: setup
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint: setup
 	$(VENV)/bin/ruff check comprl_jax launch configs tests

@@ -49,6 +49,7 @@ setup(
             "accelerate>=1.0,<2",
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
+            "pytest-xdist>=3.5,<4",
             "hypothesis>=6.100,<7",
             "filelock>=3.12,<4",  # JAX's lock around a shared persistent compilation cache (tests)
             "jupytext>=1.16,<2",

@@ -13,7 +13,8 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_launch_runs")]
 
 TINY = "--config=configs/minihack_room.py:tiny"
 INFO_LINE = re.compile(r"^I\d{4} ")  # absl's INFO prefix: I<mmdd> <time> <thread> <file>:<line>]

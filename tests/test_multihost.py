@@ -16,7 +16,8 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_multihost")]
 
 # 8 episodes per step: one row per device of the (data 8) actor mesh spanning both processes.
 OVER = {

@@ -11,7 +11,8 @@ import shutil
 import pytest
 from trainer_helpers import load_config
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_resume_fallback")]
 
 
 @pytest.fixture(scope="module")

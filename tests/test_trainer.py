@@ -15,20 +15,21 @@ import pytest
 from trainer_helpers import REPO, cache_env, flags, load_config, use_cache
 
 pytestmark = pytest.mark.slow
+CLEAR_JAX_CACHES_EACH_TEST = True  # see conftest.py: each test compiles its own Trainer's programs
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TOKENIZERS_PARALLELISM": "false"}
 # The launcher subprocesses of this module share one persistent XLA cache (they compile the same programs).
 _PROC_CACHE = os.path.join(tempfile.gettempdir(), f"comprl_test_trainer_xla_{os.getpid()}")
 
 
-def _env(cache: bool = True):
-    return {**ENV, **cache_env(_PROC_CACHE)} if cache else ENV
+def _env():
+    return {**ENV, **cache_env(_PROC_CACHE)}
 
 
-def _train(workdir, config="configs/minihack_room.py:tiny", cache=True, **over):
+def _train(workdir, config="configs/minihack_room.py:tiny", **over):
     """``launch/train.py`` on ``config`` with the MINI overrides (plus ``over``) in a subprocess."""
     cmd = [sys.executable, "launch/train.py", f"--config={config}", f"--workdir={workdir}"]
-    env = _env(cache)
+    env = _env()
     return subprocess.run(cmd + flags(**over), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -83,14 +84,8 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
     from comprl_jax import trainer
 
     c = load_config(name, variant)
-    if name == "extractor_capacity":
-        # In a process that has already run this module's other configs, XLA:CPU crashed (SIGSEGV / abort)
-        # compiling the tiny MoE extractor's programs, three runs out of three; in a fresh process it never did.
-        r = _train(tmp_path, f"configs/{name}.py:{variant}", cache=False)
-        assert r.returncode == 0, r.stderr[-3000:]
-    else:
-        out = trainer.run(c, str(tmp_path), progress=False)
-        assert out["step"] == 2
+    out = trainer.run(c, str(tmp_path), progress=False)
+    assert out["step"] == 2
     rows = _read(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     assert all(0.0 <= r["success"] <= 1.0 for r in rows)

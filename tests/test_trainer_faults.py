@@ -11,6 +11,7 @@ from comprl_jax.envs import registry
 from comprl_jax.envs.sokoban_env import SokobanTextEnv
 
 pytestmark = pytest.mark.slow
+CLEAR_JAX_CACHES_EACH_TEST = True  # see conftest.py: each test compiles its own Trainer's programs
 
 
 class FaultySokoban(SokobanTextEnv):
