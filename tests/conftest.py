@@ -33,6 +33,8 @@ def pytest_runtest_logreport(report):
     """``COMPRL_TEST_TIMES=<file>``: append each test's set-up / call / tear-down time (and the process's memory mappings) as it finishes (a file, so it
     survives a run that crashes before pytest's own ``--durations`` summary)."""
     path = os.environ.get("COMPRL_TEST_TIMES")
+    if hasattr(report, "node"):  # the xdist controller's copy of a worker's report: the worker wrote it
+        return
     if path and (report.when == "call" or report.duration >= 1.0):
         with open(path, "a") as f:
             f.write(

@@ -13,14 +13,14 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+# One xdist worker runs the whole module: its fixture is a run that several tests share (set up once there).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_launch_runs")]
 
 TINY = "--config=configs/minihack_room.py:tiny"
 INFO_LINE = re.compile(r"^I\d{4} ")  # absl's INFO prefix: I<mmdd> <time> <thread> <file>:<line>]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xla_cache")  # later invocations reuse the first one's compiled programs
     return {
@@ -47,7 +47,7 @@ def _rows(workdir):
         return [json.loads(line) for line in f if line.strip()]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def finished(tmp_path_factory, env):
     """One 2-step run, trained in two invocations: step 0 (``--stop_after=1``), then step 1 after a refused and an
     allowed resume with a changed config (16.4). Returns the run directory and the three invocations' results."""

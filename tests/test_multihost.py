@@ -16,7 +16,7 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+# One xdist worker runs the whole module: its fixture is a run that several tests share (set up once there).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_multihost")]
 
 # 8 episodes per step: one row per device of the (data 8) actor mesh spanning both processes.
@@ -37,7 +37,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def xla_cache(tmp_path_factory):
     """One persistent XLA cache for every launch of the module: the runs compile the same programs."""
     return tmp_path_factory.mktemp("xla_cache")
@@ -87,7 +87,7 @@ def _digests(work):
     return d0, d1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def colocated_two_steps(tmp_path_factory, xla_cache):
     """One uninterrupted 2-step co-located run, shared by the replica and the resume tests."""
     work = tmp_path_factory.mktemp("colocated") / "run"

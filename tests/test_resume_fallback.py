@@ -11,11 +11,11 @@ import shutil
 import pytest
 from trainer_helpers import load_config
 
-# One xdist worker runs the whole module: its module fixture is a run that several tests share.
+# One xdist worker runs the whole module: its fixture is a run that several tests share (set up once there).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_resume_fallback")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def finished(tmp_path_factory):
     from comprl_jax import trainer
 

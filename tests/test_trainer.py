@@ -187,17 +187,6 @@ def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
         trainer.run(c, str(tmp_path), progress=False)
 
 
-def test_launch_main_runs_and_resumes(tmp_path):
-    """The real absl entry point: 2 steps, then a second invocation with more steps resumes at step 2."""
-    r = _train(tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "step 2:" in r.stdout
-    r = _train(tmp_path, **{"train.steps": 3})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from step 2" in r.stderr
-    assert [row["step"] for row in _read(tmp_path / "metrics.jsonl")] == [0, 1, 2]
-
-
 def _final_state(workdir):
     """Parameters of the last checkpoint (numpy) and the bank's entries/vectors."""
     import orbax.checkpoint as ocp
