@@ -408,7 +408,9 @@ def test_methods_are_flags_and_a_changed_flag_is_caught():
 def test_cpu_scale_is_tiny_with_the_learning_settings():
     """Issue 19: ``:cpu`` = ``:tiny`` models with the turn budget, groups and step size that learn on 2 cores."""
     tiny, cpu = config_lib.build("tiny,baseline", "t"), config_lib.build("cpu,baseline", "t")
-    assert (cpu.actor.model, cpu.extractor.model) == (tiny.actor.model, tiny.extractor.model) == ("tiny", "tiny")
+    assert (
+        (cpu.actor.model, cpu.extractor.model) == (tiny.actor.model, tiny.extractor.model) == ("tiny", "tiny")
+    )
     got = (cpu.env.max_turns, cpu.rollout.tasks_per_step, cpu.rollout.group_size, cpu.actor.lr)
     assert got == (20, 2, 16, 3e-3) and cpu.actor.updates_per_batch == 2
     config_lib.validate(cpu)
