@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (still run in CI)")
-    # `make test` runs pytest-xdist with --dist loadgroup: a module whose tests share an expensive module fixture
+    # `make test` runs pytest-xdist with --dist loadgroup: a module whose tests share an expensive fixture
     # puts them in one group (one worker); without xdist the marker does nothing.
     config.addinivalue_line("markers", "xdist_group(name): tests that run on the same xdist worker")
 

@@ -22,7 +22,7 @@ from comprl_jax import model_zoo  # noqa: E402
 from comprl_jax.models import decoder as D  # noqa: E402
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes  # noqa: E402
 
-# One xdist worker runs the whole module: its fixtures load the real model once for every test.
+# Meant to keep the module on one xdist worker (see tests/test_multihost.py: loadgroup has no effect today).
 pytestmark = pytest.mark.xdist_group("test_smollm")
 PRESET = "smollm2_135m_instruct"
 NEW = 20
