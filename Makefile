@@ -31,7 +31,7 @@ demo: setup
 # mostly single-threaded and many tests wait on subprocesses, so two workers halve the suite's time on 2 cores.
 TEST_WORKERS ?= 2
 test: setup
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests
 
 lint: setup
 	$(VENV)/bin/ruff check comprl_jax launch configs tests

@@ -15,9 +15,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (still run in CI)")
-    # `make test` runs pytest-xdist with --dist loadgroup: a module whose tests share an expensive fixture
-    # puts them in one group (one worker); without xdist the marker does nothing.
-    config.addinivalue_line("markers", "xdist_group(name): tests that run on the same xdist worker")
 
 
 def _mappings() -> int:
@@ -30,11 +27,11 @@ def _mappings() -> int:
 
 
 def pytest_runtest_logreport(report):
-    """``COMPRL_TEST_TIMES=<file>``: append each test's set-up / call / tear-down time (and the process's memory mappings) as it finishes (a file, so it
-    survives a run that crashes before pytest's own ``--durations`` summary)."""
-    path = os.environ.get("COMPRL_TEST_TIMES")
+    """``COMPRL_TEST_TIMES=<file>``: append each test's set-up / call / tear-down time and the process's memory
+    mappings as it finishes (a file, so it survives a run that crashes before pytest's ``--durations`` summary)."""
     if hasattr(report, "node"):  # the xdist controller's copy of a worker's report: the worker wrote it
         return
+    path = os.environ.get("COMPRL_TEST_TIMES")
     if path and (report.when == "call" or report.duration >= 1.0):
         with open(path, "a") as f:
             f.write(

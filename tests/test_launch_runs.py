@@ -13,9 +13,7 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-# The group is meant to keep the module on one xdist worker, but with pytest 9 + xdist 3.8 loadgroup does not take
-# effect (node ids get no @group suffix; measured 2026-12-02): each worker sets the session fixture up at most once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_launch_runs")]
+pytestmark = pytest.mark.slow
 
 TINY = "--config=configs/minihack_room.py:tiny"
 INFO_LINE = re.compile(r"^I\d{4} ")  # absl's INFO prefix: I<mmdd> <time> <thread> <file>:<line>]

@@ -16,9 +16,7 @@ import sys
 import pytest
 from trainer_helpers import REPO, cache_env, flags
 
-# The group is meant to keep the module on one xdist worker, but with pytest 9 + xdist 3.8 loadgroup does not take
-# effect (node ids get no @group suffix; measured 2026-12-02): each worker sets the session fixture up at most once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_multihost")]
+pytestmark = pytest.mark.slow
 
 # 8 episodes per step: one row per device of the (data 8) actor mesh spanning both processes.
 OVER = {

@@ -11,9 +11,7 @@ import shutil
 import pytest
 from trainer_helpers import load_config
 
-# The group is meant to keep the module on one xdist worker, but with pytest 9 + xdist 3.8 loadgroup does not take
-# effect (node ids get no @group suffix; measured 2026-12-02): each worker sets the session fixture up at most once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_resume_fallback")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests

@@ -22,8 +22,6 @@ from comprl_jax import model_zoo  # noqa: E402
 from comprl_jax.models import decoder as D  # noqa: E402
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes  # noqa: E402
 
-# Meant to keep the module on one xdist worker (see tests/test_multihost.py: loadgroup has no effect today).
-pytestmark = pytest.mark.xdist_group("test_smollm")
 PRESET = "smollm2_135m_instruct"
 NEW = 20
 
