@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The paper's comparison at CPU scale (issue 19, WORKSPACE "Baseline vs Complementary RL on 2 CPU cores"):
+# outcome-only baseline, Complementary RL and the blank-experience control arm, 3 seeds each, the same number of
+# steps (so the same number of episodes and env steps per step), seed-major so a cut-short sweep stays balanced.
+#
+#   bash launch/bench/compare_cpu.sh [ROOT=runs/compare_cpu] [STEPS=12] [SEEDS="0 1 2"]
+#   -> ROOT/<method>_s<seed>/{metrics.jsonl,eval.json,...}, then ROOT/table.md and ROOT/curves.png (make_tables)
+#
+# Pre-registered statistic (fixed before the runs): per run, the training success of the free half (episodes
+# without experience; every episode for the baseline) averaged over the second half of the steps; per arm the mean
+# +- standard error over seeds. Secondary: held-out eval success at the end, without and with experience.
+set -euo pipefail
+ROOT=${1:-runs/compare_cpu}
+STEPS=${2:-12}
+SEEDS=${3:-"0 1 2"}
+PY=${PY:-.venv/bin/python}
+mkdir -p "$ROOT"
+for seed in $SEEDS; do
+  for method in baseline complementary blank_exp; do
+    dir="$ROOT/${method}_s${seed}"
+    start=$(date +%s)
+    "$PY" launch/train.py --config=configs/minihack_room.py:cpu,"$method" --workdir="$dir" \
+      --config.seed="$seed" --config.train.steps="$STEPS" --config.checkpoint.every="$STEPS" \
+      > "$dir.log" 2>&1
+    echo "{\"run\": \"$dir\", \"wall_s\": $(( $(date +%s) - start ))}" | tee -a "$ROOT/walls.jsonl"
+  done
+done
+"$PY" launch/make_tables.py --runs="$ROOT/*" --out="$ROOT/table.md" --plot="$ROOT/curves.png"
+"$PY" launch/bench/compare_stat.py --root="$ROOT"
