@@ -132,6 +132,28 @@ def mean_se(values: Sequence[float]) -> tuple[float, float | None, int] | None:
     return mean, math.sqrt(var / n), n
 
 
+def second_half_success(rows: Sequence[Mapping[str, Any]], half: str = "free") -> float | None:
+    """Mean per-step training success of one half over the second half of a run's steps (issue 19's
+    pre-registered statistic). ``rows``: metrics.jsonl records with ``step``; ``half``: ``"free"`` (episodes
+    without experience; a run without halves, the baseline, counts every episode as free) or ``"guided"``
+    (None for a run without a guided half). Steps ``>= ceil(n / 2)`` of the ``n`` logged steps count: 12 steps ->
+    steps 6..11. Rows without that step's success (eval-only rows) are skipped."""
+    by_step = {}
+    for r in rows:
+        if "step" in r and "success" in r:
+            by_step[int(r["step"])] = r  # a resumed run logs a step again: the last record wins
+    if not by_step:
+        return None
+    steps = sorted(by_step)
+    tail = steps[math.ceil(len(steps) / 2) :] or steps
+    key = f"success/{half}"
+    if half == "guided" and not any(key in by_step[s] for s in tail):
+        return None
+    vals = [by_step[s].get(key, by_step[s]["success"]) for s in tail]
+    vals = [float(v) for v in vals if v is not None and not math.isnan(float(v))]
+    return sum(vals) / len(vals) if vals else None
+
+
 def _int(x) -> int | None:
     return None if x is None else int(x)
 

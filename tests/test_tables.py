@@ -235,3 +235,25 @@ def test_cli_groups_seeds_and_plots_them_on_shared_axes(tmp_path):
         in out
     )
     assert f"plot: {tmp_path / 'fig.png'}" in out and (tmp_path / "fig.png").stat().st_size > 1000
+
+
+def test_second_half_success_is_the_pre_registered_statistic():
+    """Issue 19's statistic by hand: 5 logged steps -> steps 3 and 4 count (ceil(5 / 2) = 3)."""
+    from comprl_jax.tables import second_half_success
+
+    rows = [
+        {"step": 0, "success": 0.5, "success/free": 0.0, "success/guided": 1.0},
+        {"step": 1, "success": 0.5, "success/free": 0.25, "success/guided": 0.75},
+        {"step": 2, "success": 0.5, "success/free": 0.5, "success/guided": 0.5},
+        {"step": 2, "eval/x/without_exp": 0.9},  # an eval-only record does not count as a step
+        {"step": 3, "success": 0.5, "success/free": 0.125, "success/guided": 0.875},
+        {"step": 4, "success": 0.5, "success/free": 0.375, "success/guided": 0.625},
+    ]
+    assert second_half_success(rows, "free") == pytest.approx((0.125 + 0.375) / 2)
+    assert second_half_success(rows, "guided") == pytest.approx((0.875 + 0.625) / 2)
+    baseline = [{"step": s, "success": v} for s, v in enumerate([0.0, 0.1, 0.2, 0.3])]
+    assert second_half_success(baseline, "free") == pytest.approx(0.25)  # every episode is free
+    assert second_half_success(baseline, "guided") is None
+    resumed = [*baseline, {"step": 3, "success": 0.5}]  # a step logged again after a resume: the last wins
+    assert second_half_success(resumed, "free") == pytest.approx(0.35)
+    assert second_half_success([], "free") is None
