@@ -209,6 +209,13 @@ class SamplerService:
         with self._mesh_ctx():
             return self._cache_maker(int(batch), int(max_len))()
 
+    def grow_cache(self, cache, max_len: int):
+        """``cache`` with room for ``max_len`` tokens per row: its contents copied into the front of a new empty
+        cache (same batch, same sharding). The old cache's buffers are freed once the caller drops it."""
+        new = self.new_cache(cache.lengths.shape[0], max_len)
+        with self._lock, self._mesh_ctx():
+            return _grow_fn(jax.tree.map(lambda x: x.sharding, new))(cache, new)
+
     @functools.lru_cache(maxsize=16)  # noqa: B019 -- one compiled zeros-maker per cache shape
     def _cache_maker(self, batch: int, max_len: int):
         make = functools.partial(self._init_cache, self.cfg, batch, max_len)
@@ -336,6 +343,24 @@ class SamplerService:
         return Conversation(self, batch, max_len)
 
 
+_GROWERS: dict[Any, Any] = {}
+
+
+def _grow_fn(shardings):
+    """Jitted copy of a cache into the front of a larger one (donated: the output reuses its buffers)."""
+    key = jax.tree.structure(shardings), tuple(jax.tree.leaves(shardings))
+    if key not in _GROWERS:
+
+        def grow(old, new):
+            def one(o, n):
+                return o if o.shape == n.shape else jax.lax.dynamic_update_slice(n, o, (0,) * n.ndim)
+
+            return jax.tree.map(one, old, new)
+
+        _GROWERS[key] = jax.jit(grow, donate_argnums=1, out_shardings=shardings)
+    return _GROWERS[key]
+
+
 def _per_row(max_new, B: int, default: int) -> list[int]:
     if max_new is None:
         return [default] * B
@@ -357,18 +382,31 @@ class Conversation:
     Args:
       service: the :class:`SamplerService` to run on.
       batch: number of episodes.
-      max_len: cache length per row (prompt + all turns); exceeding it raises naming the row.
+      max_len: the most tokens a row may hold (prompt + all turns); exceeding it raises naming the row.
+
+    The cache starts at ``min(max_len, 256)`` slots per row and grows to the next power of two (capped at
+    ``max_len``) when a turn needs more, so its memory follows the longest live context, not ``max_len``:
+    ``[L, B, S, Hkv, Dh]`` twice in the model's dtype (SmolLM2, 32 rows: 1.5 GB per 1,024 slots in float32;
+    12 GB at ``max_len`` 8,192). Growing copies the cache once per bucket (at most ``log2(max_len / 256)``
+    times per conversation) and a turn compiles once per cache length, as the attention window did before.
     """
+
+    MIN_CACHE = 256
 
     def __init__(self, service: SamplerService, batch: int, max_len: int):
         self.service = service
         self.batch = int(batch)
         self.max_len = int(max_len)
-        self.cache = service.new_cache(service.batch_bucket(batch), self.max_len)
+        self.cache = service.new_cache(service.batch_bucket(batch), min(self.max_len, self.MIN_CACHE))
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.mask: list[list[int]] = [[] for _ in range(batch)]
         self.lps: list[list[float]] = [[] for _ in range(batch)]  # sampling-time logprobs, 0.0 off the mask
         self.cached = [0] * batch  # ids[b][:cached[b]] are in the cache
+
+    @property
+    def cache_len(self) -> int:
+        """Slots per row the cache holds now (grows with the context, up to ``max_len``)."""
+        return int(self.cache.k.shape[2])
 
     def tokens(self, b: int) -> tuple[list[int], list[int]]:
         """Row ``b``'s full token context and assistant mask (for the trainer)."""
@@ -411,6 +449,10 @@ class Conversation:
                 )
             rows.append(row)
         need = max((self.cached[b] + len(r) + mx[b] for b, r in enumerate(rows) if r), default=0)
+        if need > self.cache_len:
+            self.cache = self.service.grow_cache(
+                self.cache, min(self.max_len, bucket(need, minimum=self.MIN_CACHE))
+            )
         res = self.service.run(self.cache, rows, mx, key, sp, stop_strings, constraint, context_need=need)
         self.cache = res.cache
         out = res.to_numpy(self.batch)

@@ -113,6 +113,34 @@ def test_three_turns_incremental_equal_reprefill(svc, max_len):
     assert sum(conv.tokens(0)[1]) == 8 + 8 + 8
 
 
+def test_conversation_cache_grows_with_the_context_and_changes_nothing(svc):
+    """The KV cache starts at 256 slots and doubles when a turn needs more (issue 19: a 32-row SmolLM2 cache sized
+    to max_context 8,192 was 12 GB): the same tokens and logprobs as a cache allocated at max_len up front."""
+    from comprl_jax.sampling import Conversation
+
+    class Preallocated(Conversation):
+        MIN_CACHE = 1 << 30  # min(max_len, this) = max_len: the whole cache up front (the old behaviour)
+
+    sp = SamplingParams(max_new_tokens=8, temperature=0.8)
+    turns = [_prompts(2, seed=40 + t, lo=140, hi=160) for t in range(5)]
+    turns[3][1] = None  # an idle row keeps its cache through a growth
+    grown, full = svc.conversation(batch=2, max_len=1024), Preallocated(svc, batch=2, max_len=1024)
+    assert (grown.cache_len, full.cache_len) == (256, 1024)
+    lens = []
+    for t, obs in enumerate(turns):
+        a = grown.turn(obs, jax.random.key(t), sp)
+        b = full.turn(obs, jax.random.key(t), sp)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        lens.append(grown.cache_len)
+    assert lens == [256, 512, 512, 1024, 1024] and full.cache_len == 1024
+    for r in range(2):
+        assert grown.tokens(r) == full.tokens(r) and grown.logprobs(r) == full.logprobs(r)
+    assert np.asarray(grown.cache.lengths).tolist() == np.asarray(full.cache.lengths).tolist()
+    with pytest.raises(ValueError, match="exceeds the conversation's max_len=1024"):
+        grown.turn([[5] * 300, None], jax.random.key(9), sp)
+
+
 def test_stops_first_occurrence_and_finish_reasons(svc):
     prompts = _prompts(6, seed=3)
     sp = SamplingParams(max_new_tokens=32, temperature=1.0)
