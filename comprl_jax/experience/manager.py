@@ -482,12 +482,16 @@ class ExperienceManager:
     @classmethod
     def restore(cls, path: str, embed_fn: EmbedFn, extractor_fn: ExtractorFn | None = None, **kwargs):
         """A new manager built from the configs saved at ``path``, then loaded (``kwargs``: clock, start_threads)."""
-        from comprl_jax.experience.persist import restore_manager
+        from comprl_jax.experience.persist import saved_configs
 
-        return restore_manager(path, embed_fn, extractor_fn, **kwargs)
+        configs, dim = saved_configs(path)
+        mgr = cls(embed_fn, dim, extractor_fn, **configs_from_dict(configs), **kwargs)
+        mgr.load(path)
+        return mgr
 
     def state_dict(self) -> dict:
-        """Small JSON-able summary for the trainer's checkpoint metadata; the store itself goes through ``save``."""
+        """Small JSON-able summary of the store (sizes and counters: logs, notebooks); the store itself goes
+        through ``save`` / ``load``."""
         with self.lock.read():
             return {
                 "entries": len(self.bank.entries),

@@ -27,10 +27,8 @@ import uuid
 
 import numpy as np
 
-from comprl_jax.experience.bank import BankConfig, Entry, ExperienceBank
-from comprl_jax.experience.buffer import BufferConfig
-from comprl_jax.experience.index import BuiltIndex, IndexConfig, load_scann, save_scann
-from comprl_jax.experience.retrieval import RetrievalConfig
+from comprl_jax.experience.bank import Entry, ExperienceBank
+from comprl_jax.experience.index import BuiltIndex, load_scann, save_scann
 
 FORMAT = "comprl_jax.experience/1"
 
@@ -170,38 +168,10 @@ def load_manager(mgr, path: str) -> None:
         mgr.buffer.load_state_dict(buffer_state)
 
 
-def read_configs(path: str) -> dict:
-    """The configs a store was saved with, as config objects: {"bank", "retrieval", "buffer", "manager"}."""
-    from comprl_jax.experience.manager import ManagerConfig
-
-    with open(os.path.join(path, "meta.json")) as f:
-        c = json.load(f)["configs"]
-    bank = dict(c["bank"])
-    bank["index"] = IndexConfig(**bank["index"])
-    return {
-        "bank": BankConfig(**bank),
-        "retrieval": RetrievalConfig(**c["retrieval"]),
-        "buffer": BufferConfig(**c["buffer"]),
-        "manager": ManagerConfig(**c["manager"]),
-    }
-
-
-def restore_manager(path: str, embed_fn, extractor_fn=None, **kwargs):
-    """A new ExperienceManager with the saved configs and state (``kwargs``: clock, start_threads)."""
-    from comprl_jax.experience.manager import ExperienceManager
-
-    cfgs = read_configs(path)
-    with open(os.path.join(path, "meta.json")) as f:
-        dim = json.load(f)["dim"]
-    mgr = ExperienceManager(
-        embed_fn,
-        dim,
-        extractor_fn,
-        bank_cfg=cfgs["bank"],
-        retrieval_cfg=cfgs["retrieval"],
-        buffer_cfg=cfgs["buffer"],
-        cfg=cfgs["manager"],
-        **kwargs,
-    )
-    load_manager(mgr, path)
-    return mgr
+def saved_configs(path: str) -> tuple[dict, int]:
+    """The configs a store was saved with, as plain dicts (``{"bank", "retrieval", "buffer", "manager"}``; the
+    manager's :func:`~comprl_jax.experience.manager.configs_from_dict` builds them), and its embedding dim."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no experience store at {path} (missing meta.json)")
+    meta = read_json(os.path.join(path, "meta.json"))
+    return meta["configs"], int(meta["dim"])
