@@ -9,6 +9,7 @@
 # Pre-registered statistic (fixed before the runs): per run, the training success of the free half (episodes
 # without experience; every episode for the baseline) averaged over the second half of the steps; per arm the mean
 # +- standard error over seeds. Secondary: held-out eval success at the end, without and with experience.
+# Floor: a uniform-random policy on the same training and eval levels (launch/bench/random_reference.py).
 set -euo pipefail
 ROOT=${1:-runs/compare_cpu}
 STEPS=${2:-12}
@@ -25,5 +26,7 @@ for seed in $SEEDS; do
     echo "{\"run\": \"$dir\", \"wall_s\": $(( $(date +%s) - start ))}" | tee -a "$ROOT/walls.jsonl"
   done
 done
+"$PY" launch/bench/random_reference.py --config=configs/minihack_room.py:cpu --seeds="${SEEDS// /,}" \
+  --steps="$STEPS" | grep '"bench"' > "$ROOT/random.jsonl"
 "$PY" launch/make_tables.py --runs="$ROOT/*" --out="$ROOT/table.md" --plot="$ROOT/curves.png"
 "$PY" launch/bench/compare_stat.py --root="$ROOT"

@@ -21,6 +21,11 @@ from comprl_jax import metrics as mlib
 from comprl_jax import tables
 
 _ROOT = flags.DEFINE_string("root", "runs/compare_cpu", "sweep directory written by compare_cpu.sh")
+_RANDOM = flags.DEFINE_string(
+    "random",
+    "",
+    "JSON lines of launch/bench/random_reference.py on the same levels (default ROOT/random.jsonl)",
+)
 
 
 def run_figures(run_dir: str) -> dict:
@@ -66,6 +71,19 @@ def main(argv):
     arms = {}
     for r in runs:
         arms.setdefault(r["method"], []).append(r)
+    random_path = _RANDOM.value or os.path.join(_ROOT.value, "random.jsonl")
+    if os.path.exists(random_path):  # the uniform-random floor on the same training and eval levels
+        arms["uniform_random"] = [
+            {
+                "seed": r["seed"],
+                "free_second_half": r["second_half"],
+                "eval_without_exp": r["eval"],
+                "free_first_half": sum(r["per_step"][: math.ceil(len(r["per_step"]) / 2)])
+                / math.ceil(len(r["per_step"]) / 2),
+            }
+            for r in mlib.read_jsonl(random_path)
+            if r.get("bench") == "random_reference"
+        ]
     fields = (
         "free_first_half",
         "free_second_half",
