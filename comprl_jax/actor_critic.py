@@ -73,12 +73,7 @@ def judge(
     """One batched actor call over ``(goal, entry text, success rate)`` triples."""
     if not items:
         return []
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": critic_prompt(*item)}], add_generation_prompt=True
-        )[0]
-        for item in items
-    ]
+    prompts = [tokenizer.encode_user_prompt(critic_prompt(*item)) for item in items]
     res = sampler.generate(prompts, key, sp, stop_strings=("</answer>",), constraint=constraint)
     return [
         parse_decision(tokenizer.decode(res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True))

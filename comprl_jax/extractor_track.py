@@ -108,16 +108,9 @@ class ExtractorTrack:
             query_embed_fn=getattr(embedder, "embed_query", None),
         )
         self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
-        from comprl_jax.sampling import SamplingParams
+        from comprl_jax.roles import sampling_params
 
-        s = c.extractor.sampling
-        self.sp = SamplingParams(
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            greedy=s.greedy,
-        )
+        self.sp = sampling_params(c.extractor.sampling)
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="extractor-track")
 
     # -- the manager's extractor_fn --------------------------------------------------------------------
@@ -133,10 +126,7 @@ class ExtractorTrack:
         """One batched extractor call: chat template, left-truncation to the context, constrained ops for tiny
         extractors. Returns the text and the exact token record of every response."""
         tok = self.tokenizer
-        ids = [
-            tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)[0]
-            for p in prompts
-        ]
+        ids = [tok.encode_user_prompt(p) for p in prompts]
         room = self.c.extractor.max_context - self.sp.max_new_tokens
         ids = [x[-room:] for x in ids]  # keep the end (the op format instructions) if a prompt is too long
         res = self.sampler.generate(

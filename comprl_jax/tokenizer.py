@@ -241,6 +241,11 @@ class Tokenizer:
         """
         return self._encode_parts(self._parts(messages, add_generation_prompt))
 
+    def encode_user_prompt(self, text: str) -> list[int]:
+        """Ids of a one-message conversation (``text`` as the user turn) ending with the generation prompt: the
+        input of every single-turn call (extractor, search & ask, critic) and of its training row."""
+        return self.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)[0]
+
     def encode_chat_continuation(
         self, messages: Sequence[dict], add_generation_prompt: bool = True, close_turn: bool = False
     ) -> tuple[list[int], list[int]]:

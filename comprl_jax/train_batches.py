@@ -101,9 +101,7 @@ def extractor_batch(xb, tokenizer, version: int) -> tuple[dict[str, np.ndarray],
             use.append(True)
             stale.append(version - s.version)
             continue
-        ids, _ = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True
-        )
+        ids = tokenizer.encode_user_prompt(prompt)
         resp = tokenizer.encode(response)
         seqs.append(ids + resp)
         masks.append(shift_free([0] * len(ids) + [1] * len(resp)))
