@@ -162,6 +162,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.distill_from = "all"
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
+    # Rows per extractor generation call (distillation, search & ask): 0 = every prompt of a call at once. Each
+    # call's KV cache is rows x (prompt + max_new_tokens) slots, so this bounds the extractor's generation memory
+    # (launch/plan_memory.py: "distillation rows at once").
+    c.extractor.rows_per_call = 0
     c.extractor.max_entry_chars = 2000
     c.extractor.transcript_chars = 60000  # trajectory text shown to the extractor (the end is kept)
     c.extractor.sampling = _sampling(1.0, 0.99, 0, 8192)
@@ -339,6 +343,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for role in ("actor", "extractor"):
         _check(c[role].logits_chunk >= 0, f"{role}.logits_chunk", "must be >= 0 (0 = full logits)")
     _check(c.mesh.extractor_tensor >= 0, "mesh.extractor_tensor", "must be >= 0 (0 = mesh.tensor)")
+    _check(c.extractor.rows_per_call >= 0, "extractor.rows_per_call", "must be >= 0 (0 = all rows at once)")
     _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
     _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
     _check(c.bank.partition in PARTITIONS, "bank.partition", f"{c.bank.partition!r} not in {PARTITIONS}")
@@ -478,6 +483,9 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.rollout.group_size = 8
         c.rollout.max_context = 8192
         c.extractor.max_context = 4096
+        # 32 distillation prompts of ~4k tokens at once are a 6.4 GB float32 cache, beside the actor update that
+        # the distillation overlaps (issue 19: 19.0 GB peak at 4 tasks x 8 x 10 turns on CPU); 8 rows: 1.6 GB.
+        c.extractor.rows_per_call = 8
         c.extractor.buffer_size = 64
         return c
     raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")

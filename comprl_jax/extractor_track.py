@@ -129,11 +129,23 @@ class ExtractorTrack:
         ids = [tok.encode_user_prompt(p) for p in prompts]
         room = self.c.extractor.max_context - self.sp.max_new_tokens
         ids = [x[-room:] for x in ids]  # keep the end (the op format instructions) if a prompt is too long
-        res = self.sampler.generate(
-            ids, key, self.sp, stop_strings=("</answer>",), constraint=self._constraint
-        )
+        # extractor.rows_per_call rows per sampler call (its KV cache is rows x (prompt + max_new) slots); one
+        # call keeps ``key`` itself, so the default (0 = all at once) samples exactly as a single call does.
+        per = self.c.extractor.rows_per_call or max(len(ids), 1)
+        chunks = [ids[i : i + per] for i in range(0, len(ids), per)]
+        results = [
+            self.sampler.generate(
+                chunk,
+                key if len(chunks) == 1 else jax.random.fold_in(key, i),
+                self.sp,
+                stop_strings=("</answer>",),
+                constraint=self._constraint,
+            )
+            for i, chunk in enumerate(chunks)
+        ]
+        rows = [(res, b) for res, chunk in zip(results, chunks, strict=True) for b in range(len(chunk))]
         out = []
-        for b, prompt_ids in enumerate(ids):
+        for (res, b), prompt_ids in zip(rows, ids, strict=True):
             n = int(res.lengths[b])
             sampled = res.tokens[b, :n].tolist()
             out.append(

@@ -270,6 +270,57 @@ def test_extractor_generation_records_the_truncated_prompt_it_sampled(tiny):
     assert s.logprobs[80:] == pytest.approx(list(g.logprobs))
 
 
+def test_extractor_rows_per_call_bounds_each_sampler_call(tiny):
+    """extractor.rows_per_call (issue 19: the :smollm distillation cache beside the actor update): 5 prompts at 2
+    per call are 3 sampler calls of 2, 2, 1 rows on keys fold_in(key, i), in prompt order; 0 = one call on key."""
+    from comprl_jax.extractor_track import ExtractorTrack
+    from comprl_jax.rl import ExtractorLossConfig
+    from comprl_jax.roles import sampling_params
+
+    tok, c = tiny
+    role = _role(tiny, "extractor", ExtractorLossConfig(), "extractor", rows=2, lr=1e-3)
+    prompts = [f"lesson {i} " * (i + 1) for i in range(5)]
+    key = jax.random.key(3)
+    got = {}
+    for per in (0, 2):
+        cc = c.copy_and_resolve_references()
+        with cc.unlocked():
+            cc.extractor.sampling.max_new_tokens = 8
+            cc.extractor.rows_per_call = per
+        calls = []
+
+        class Spy:
+            def __init__(self, log):
+                self.log = log
+
+            def generate(self, ids, k, *a, **kw):
+                self.log.append((len(ids), k))
+                return role.sampler.generate(ids, k, *a, **kw)
+
+        track = ExtractorTrack.__new__(ExtractorTrack)
+        track.c, track.sampler, track.tokenizer, track.version = cc, Spy(calls), tok, 0
+        track._constraint = None
+        track.sp = sampling_params(cc.extractor.sampling)
+        got[per] = track.generate(prompts, key)
+        assert len(got[per]) == 5
+        for g, p in zip(got[per], prompts, strict=True):
+            assert list(g.prompt_ids) == tok.encode_user_prompt(p)
+        if per == 0:
+            assert [n for n, _ in calls] == [5] and calls[0][1] is key
+        else:
+            assert [n for n, _ in calls] == [2, 2, 1]
+            for i, (_, k) in enumerate(calls):
+                assert (jax.random.key_data(k) == jax.random.key_data(jax.random.fold_in(key, i))).all()
+    # the chunked call's row 4 is the third call's only row: the same as sampling it alone on fold_in(key, 2)
+    alone = role.sampler.generate(
+        [tok.encode_user_prompt(prompts[4])],
+        jax.random.fold_in(key, 2),
+        track.sp,
+        stop_strings=("</answer>",),
+    )
+    assert list(got[2][4].response_ids) == alone.tokens[0, : alone.lengths[0]].tolist()
+
+
 # ---- 5. extractor buffer -----------------------------------------------------------------------------------------
 
 
