@@ -22,7 +22,8 @@ ablation_no_merge.py / ablation_no_search_ask.py: Complementary RL, read beside 
 
 Paper scale: each run gets the meshes of the memory plan (``launch/plan_memory.py``'s ``best_paper_plan``,
 co-located): ``mesh.data=1, mesh.fsdp=-1``, the extractor's tensor split where the plan needs one, micro-batches
-of one sequence per fsdp group, and ``rollout.rows_per_wave`` from the rows that fit. ``--models_dir=D`` passes
+of one sequence per fsdp group, ``rollout.rows_per_wave`` from the rows that fit and ``extractor.rows_per_call``
+from the distillation rows that fit. ``--models_dir=D`` passes
 ``D/<name>`` for every Hugging Face model the config names (``Qwen/Qwen2.5-7B-Instruct`` -> ``D/Qwen2.5-7B-
 Instruct``). SWE-Bench needs a sandboxed env this project does not ship: it is listed, never executed.
 
@@ -160,6 +161,9 @@ def mesh_overrides(hardware: str, study: str, episodes: int) -> tuple[list[str],
     rows = p["rollout_rows_at_once"]
     if 0 < rows < episodes:
         out.append(f"--config.rollout.rows_per_wave={_largest_divisor_at_most(episodes, rows)}")
+    distill = p["distill_rows_at_once"]  # distillation prompts at full extractor context that fit at once
+    if 0 < distill < episodes:
+        out.append(f"--config.extractor.rows_per_call={distill}")
     return out, p
 
 

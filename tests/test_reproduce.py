@@ -142,13 +142,15 @@ def test_every_command_builds_a_valid_config(dry_run):
 
 
 def test_mesh_flags_follow_the_memory_plan():
-    """8xH100: extractor fsdp=4 x tensor=2, 32 rollout rows (WORKSPACE "Memory plans"); v5p-64: plain fsdp=32,
-    the capacity study's extractor over tensor=2 (fsdp=16), 256 rows -> the largest divisor of 384 below: 192."""
+    """8xH100: extractor fsdp=4 x tensor=2, 32 rollout rows, 8 distillation rows per extractor call (WORKSPACE
+    "Memory plans"); v5p-64: plain fsdp=32 (160 distillation rows: more than a step's 128), the capacity study's
+    extractor over tensor=2 (fsdp=16), 256 rows -> the largest divisor of 384 below: 192."""
     rp = _rp()
     flags, plan = rp.mesh_overrides("8xh100", "main", 128)
     assert plan["fits"] and flags == [
         "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.mesh.extractor_tensor=2",
         "--config.actor.micro_batch=8", "--config.extractor.micro_batch=4", "--config.rollout.rows_per_wave=32",
+        "--config.extractor.rows_per_call=8",
     ]  # fmt: skip
     flags, _ = rp.mesh_overrides("v5p-64", "main", 128)
     assert flags == [
@@ -159,7 +161,7 @@ def test_mesh_flags_follow_the_memory_plan():
     ]  # fmt: skip  (352 rows fit: one wave)
     flags, _ = rp.mesh_overrides("v5p-64", "capacity", 384)
     assert "--config.mesh.extractor_tensor=2" in flags and "--config.rollout.rows_per_wave=192" in flags
-    assert "--config.extractor.micro_batch=16" in flags
+    assert "--config.extractor.micro_batch=16" in flags and "--config.extractor.rows_per_call=160" in flags
     assert not rp.mesh_overrides("8xh100", "capacity", 384)[1]["fits"]
 
 
