@@ -291,13 +291,17 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
             import sys, time
             sys.path.insert(0, {os.path.dirname(__file__)!r})
             from comprl_jax.envs.pool import EnvPool
-            with EnvPool({FLAKY!r}, num_slots=2, num_workers=2, backend="process",
-                         env_kwargs={{"p_raise": 0.0}}) as pool:
-                pool.submit_reset(0, 1).result(); pool.submit_reset(1, 2).result()
-                print("READY", flush=True)
-                while True:
-                    pool.submit_step(0, "<answer>go</answer>").result()
-                    pool.submit_reset(0, 1).result()
+            # The guard matters: spawned workers import this file as __mp_main__; without it each worker would
+            # build a pool of its own (multiprocessing's bootstrapping RuntimeError), and the parent would keep
+            # replacing dead workers instead of exiting on SIGINT.
+            if __name__ == "__main__":
+                with EnvPool({FLAKY!r}, num_slots=2, num_workers=2, backend="process",
+                             env_kwargs={{"p_raise": 0.0}}) as pool:
+                    pool.submit_reset(0, 1).result(); pool.submit_reset(1, 2).result()
+                    print("READY", flush=True)
+                    while True:
+                        pool.submit_step(0, "<answer>go</answer>").result()
+                        pool.submit_reset(0, 1).result()
             """
         )
     )
