@@ -132,12 +132,15 @@ def mean_se(values: Sequence[float]) -> tuple[float, float | None, int] | None:
     return mean, math.sqrt(var / n), n
 
 
-def second_half_success(rows: Sequence[Mapping[str, Any]], half: str = "free") -> float | None:
+def second_half_success(
+    rows: Sequence[Mapping[str, Any]], half: str = "free", first_half: bool = False
+) -> float | None:
     """Mean per-step training success of one half over the second half of a run's steps (issue 19's
     pre-registered statistic). ``rows``: metrics.jsonl records with ``step``; ``half``: ``"free"`` (episodes
     without experience; a run without halves, the baseline, counts every episode as free) or ``"guided"``
     (None for a run without a guided half). Steps ``>= ceil(n / 2)`` of the ``n`` logged steps count: 12 steps ->
-    steps 6..11. Rows without that step's success (eval-only rows) are skipped."""
+    steps 6..11 (``first_half=True``: the steps before that window instead, to read a trend against). Rows without
+    that step's success (eval-only rows) are skipped."""
     by_step = {}
     for r in rows:
         if "step" in r and "success" in r:
@@ -145,7 +148,8 @@ def second_half_success(rows: Sequence[Mapping[str, Any]], half: str = "free") -
     if not by_step:
         return None
     steps = sorted(by_step)
-    tail = steps[math.ceil(len(steps) / 2) :] or steps
+    cut = math.ceil(len(steps) / 2)
+    tail = (steps[:cut] if first_half else steps[cut:]) or steps
     key = f"success/{half}"
     if half == "guided" and not any(key in by_step[s] for s in tail):
         return None

@@ -254,6 +254,8 @@ def test_second_half_success_is_the_pre_registered_statistic():
     baseline = [{"step": s, "success": v} for s, v in enumerate([0.0, 0.1, 0.2, 0.3])]
     assert second_half_success(baseline, "free") == pytest.approx(0.25)  # every episode is free
     assert second_half_success(baseline, "guided") is None
+    assert second_half_success(rows, "free", first_half=True) == pytest.approx((0.0 + 0.25 + 0.5) / 3)
+    assert second_half_success(baseline, "free", first_half=True) == pytest.approx(0.05)
     resumed = [*baseline, {"step": 3, "success": 0.5}]  # a step logged again after a resume: the last wins
     assert second_half_success(resumed, "free") == pytest.approx(0.35)
     assert second_half_success([], "free") is None

@@ -32,7 +32,6 @@ def run_figures(run_dir: str) -> dict:
     rows = mlib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     run = tables.load_run(run_dir)
     by_step = sorted({int(r["step"]) for r in rows if "success" in r})
-    head = [r for r in rows if "success" in r and int(r["step"]) < math.ceil(len(by_step) / 2)]
     out = {
         "run": run["name"],
         "method": run["method"],
@@ -40,10 +39,7 @@ def run_figures(run_dir: str) -> dict:
         "steps": len(by_step),
         "free_second_half": tables.second_half_success(rows, "free"),
         "guided_second_half": tables.second_half_success(rows, "guided"),
-        # the same half of the same runs before the pre-registered window, to read a trend against
-        "free_first_half": (
-            sum(r.get("success/free", r["success"]) for r in head) / len(head) if head else None
-        ),
+        "free_first_half": tables.second_half_success(rows, "free", first_half=True),
     }
     for mode in tables.MODES:
         sec = run["eval"].get(mode, {})
@@ -78,8 +74,7 @@ def main(argv):
                 "seed": r["seed"],
                 "free_second_half": r["second_half"],
                 "eval_without_exp": r["eval"],
-                "free_first_half": sum(r["per_step"][: math.ceil(len(r["per_step"]) / 2)])
-                / math.ceil(len(r["per_step"]) / 2),
+                "free_first_half": r["first_half"],
             }
             for r in mlib.read_jsonl(random_path)
             if r.get("bench") == "random_reference"

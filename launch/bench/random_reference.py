@@ -7,7 +7,7 @@ draws from, ``group_size`` episodes per task) and its held-out eval tasks (``tra
 episodes, as :mod:`comprl_jax.evaluation` plays them), each episode ``env.max_turns`` actions drawn uniformly from
 the env's action set. One JSON line per seed: ``bench: "random_reference"``, ``env``, ``seed``, ``per_step``
 (success per step), ``second_half`` (the mean over steps >= ceil(steps / 2), the statistic of
-launch/bench/compare_cpu.sh), ``eval`` and ``eval_episodes``. An actor's context can end an episode earlier than
+launch/bench/compare_cpu.sh), ``first_half`` (the steps before), ``eval`` and ``eval_episodes``. An actor's context can end an episode earlier than
 ``env.max_turns`` (``rollout.max_context``); the random policy is never cut short, so this floor is generous.
 """
 
@@ -61,7 +61,7 @@ def main(argv):
         for _ in range(_STEPS.value):
             wins = [w for t in sampler.next() for w in play(env, t.seed, K, turns, rng)]
             per_step.append(float(np.mean(wins)))
-        tail = per_step[math.ceil(len(per_step) / 2) :]
+        cut = math.ceil(len(per_step) / 2)
         ev_tasks = TaskSampler((env_id,), c.train.eval_tasks, seed).eval_tasks(c.train.eval_tasks)
         ev = [w for t in ev_tasks for w in play(env, t.seed, K // 2, turns, rng)]
         print(
@@ -72,7 +72,8 @@ def main(argv):
                     "seed": seed,
                     "max_turns": turns,
                     "per_step": [round(x, 4) for x in per_step],
-                    "second_half": float(np.mean(tail)),
+                    "first_half": float(np.mean(per_step[:cut])),
+                    "second_half": float(np.mean(per_step[cut:])),
                     "eval": float(np.mean(ev)),
                     "eval_episodes": len(ev),
                 }
