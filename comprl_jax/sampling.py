@@ -88,6 +88,11 @@ __all__ = [
 ]
 
 
+# Smallest cache window a multi-turn turn runs on, and the size a conversation's cache starts at (the two agree, so
+# a grown cache is exactly the window the turn would have sliced out of a larger one).
+MIN_CACHE_SLOTS = 256
+
+
 def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
     """Smallest power of two ``>= max(n, minimum)``, rounded up to a multiple of ``multiple``."""
     b = 1 << (max(int(n), int(minimum), 1) - 1).bit_length()
@@ -291,7 +296,7 @@ class SamplerService:
         S = cache.k.shape[2]
         window = None
         if context_need is not None:
-            window = min(S, bucket(context_need, minimum=256))
+            window = min(S, bucket(context_need, minimum=MIN_CACHE_SLOTS))
             window = None if window >= S else window
         with self._lock, self._mesh_ctx():
             return self._fn(
@@ -391,7 +396,7 @@ class Conversation:
     times per conversation) and a turn compiles once per cache length, as the attention window did before.
     """
 
-    MIN_CACHE = 256
+    MIN_CACHE = MIN_CACHE_SLOTS
 
     def __init__(self, service: SamplerService, batch: int, max_len: int):
         self.service = service
