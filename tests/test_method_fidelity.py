@@ -241,26 +241,30 @@ def test_actor_mini_batch_steps_move_the_ratio_and_mismatch_is_tiny(tiny):
     assert m["ratio_max"] > 1.0 + 1e-3 and m["clipfrac"] > 0  # the second mini-batch is off-policy
 
 
+def _generating_track(c, sampler, tok, version: int):
+    """An ExtractorTrack with only what ``generate`` reads (no manager, no pools, unconstrained)."""
+    from comprl_jax.extractor_track import ExtractorTrack
+    from comprl_jax.roles import sampling_params
+
+    track = ExtractorTrack.__new__(ExtractorTrack)
+    track.c, track.sampler, track.tokenizer, track.version = c, sampler, tok, version
+    track._constraint = None
+    track.sp = sampling_params(c.extractor.sampling)
+    return track
+
+
 def test_extractor_generation_records_the_truncated_prompt_it_sampled(tiny):
     """The extractor sees a left-truncated prompt when it is too long; the record (and so the update) holds
     exactly those ids."""
-    from comprl_jax.extractor_track import ExtractorTrack
-
     tok, c = tiny
     c = c.copy_and_resolve_references()
     with c.unlocked():
         c.extractor.max_context = 96
         c.extractor.sampling.max_new_tokens = 16
-    role = _role(tiny, "extractor", None, "extractor", rows=2, lr=1e-3) if False else None  # noqa: SIM108
     from comprl_jax.rl import ExtractorLossConfig
 
     role = _role(tiny, "extractor", ExtractorLossConfig(), "extractor", rows=2, lr=1e-3)
-    track = ExtractorTrack.__new__(ExtractorTrack)
-    track.c, track.sampler, track.tokenizer, track.version = c, role.sampler, tok, 5
-    track._constraint = None
-    from comprl_jax.roles import sampling_params
-
-    track.sp = sampling_params(c.extractor.sampling)
+    track = _generating_track(c, role.sampler, tok, version=5)
     long = "lesson " * 200
     (g,) = track.generate([long], jax.random.key(0))
     full = tok.apply_chat_template([{"role": "user", "content": long}], add_generation_prompt=True)[0]
@@ -273,9 +277,7 @@ def test_extractor_generation_records_the_truncated_prompt_it_sampled(tiny):
 def test_extractor_rows_per_call_bounds_each_sampler_call(tiny):
     """extractor.rows_per_call (issue 19: the :smollm distillation cache beside the actor update): 5 prompts at 2
     per call are 3 sampler calls of 2, 2, 1 rows on keys fold_in(key, i), in prompt order; 0 = one call on key."""
-    from comprl_jax.extractor_track import ExtractorTrack
     from comprl_jax.rl import ExtractorLossConfig
-    from comprl_jax.roles import sampling_params
 
     tok, c = tiny
     role = _role(tiny, "extractor", ExtractorLossConfig(), "extractor", rows=2, lr=1e-3)
@@ -297,10 +299,7 @@ def test_extractor_rows_per_call_bounds_each_sampler_call(tiny):
                 self.log.append((len(ids), k))
                 return role.sampler.generate(ids, k, *a, **kw)
 
-        track = ExtractorTrack.__new__(ExtractorTrack)
-        track.c, track.sampler, track.tokenizer, track.version = cc, Spy(calls), tok, 0
-        track._constraint = None
-        track.sp = sampling_params(cc.extractor.sampling)
+        track = _generating_track(cc, Spy(calls), tok, version=0)
         got[per] = track.generate(prompts, key)
         assert len(got[per]) == 5
         for g, p in zip(got[per], prompts, strict=True):
