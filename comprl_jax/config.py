@@ -69,8 +69,6 @@ METHOD_FLAGS = {
 }
 METHODS = (*METHOD_FLAGS, "custom")
 ADV_NORMS = ("mean_std", "mean")
-RATIOS = ("token", "sequence")
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
 PLACEMENTS = ("colocated", "disjoint")
@@ -122,12 +120,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.lr = 1e-6
     c.actor.weight_decay = 0.0
     c.actor.grad_clip = 1.0
-    c.actor.clip_eps = 0.2
     c.actor.adv_norm = "mean_std"
     c.actor.adv_eps = 1e-6
-    c.actor.ratio = "token"
-    c.actor.loss_agg = "token_mean"
-    c.actor.subgroup_mean = True  # J = 1/2 sum_c (subgroup means), paper Eq. 4; False = released code
+    # The PPO-clip loss (SPEC §2): built as rl.losses.ActorLossConfig(**c.actor.loss), which checks every value.
+    # subgroup_mean: J = 1/2 sum_c (subgroup means), paper Eq. 4; False = one aggregate (the released code).
+    c.actor.loss = ml_collections.ConfigDict(
+        {"clip_eps": 0.2, "ratio": "token", "loss_agg": "token_mean", "subgroup_mean": True}
+    )
     c.actor.warmup_steps = 0
     c.actor.micro_batch = 8
     # Optimizer steps per rollout batch (ROLL/verl's ppo_mini_batch): the batch is cut into this many strided
@@ -151,14 +150,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.lr = 1e-6
     c.extractor.weight_decay = 0.0
     c.extractor.grad_clip = 1.0
-    c.extractor.cispo_eps = 0.1
-    c.extractor.loss_agg = "token_mean"
+    # The CISPO loss (SPEC §3): rl.losses.ExtractorLossConfig(**c.extractor.loss).
+    c.extractor.loss = ml_collections.ConfigDict({"clip_eps": 0.1, "loss_agg": "token_mean"})
     c.extractor.buffer_size = 64
     c.extractor.cooldown = 1  # Eq. 7 delta, in extractor updates (1 = never twice in one update)
     c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
-    c.extractor.recency_tau = (
-        2.0  # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in extractor updates; 0 = off
-    )
+    # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in extractor updates; 0 = off.
+    c.extractor.recency_tau = 2.0
     c.extractor.distill_from = "all"
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
@@ -333,11 +331,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.train.log_every >= 1, "train.log_every", "must be >= 1")
     _check(c.train.eval_tasks >= 1, "train.eval_tasks", "must be >= 1")
     _check(c.actor.adv_norm in ADV_NORMS, "actor.adv_norm", f"{c.actor.adv_norm!r} not in {ADV_NORMS}")
-    _check(c.actor.ratio in RATIOS, "actor.ratio", f"{c.actor.ratio!r} not in {RATIOS}")
-    _check(c.actor.loss_agg in LOSS_AGGS, "actor.loss_agg", f"{c.actor.loss_agg!r} not in {LOSS_AGGS}")
-    _check(c.extractor.loss_agg in LOSS_AGGS, "extractor.loss_agg", f"not in {LOSS_AGGS}")
-    _check(0 < c.actor.clip_eps < 1, "actor.clip_eps", "must be in (0, 1)")
-    _check(0 < c.extractor.cispo_eps < 1, "extractor.cispo_eps", "must be in (0, 1)")
+    from comprl_jax.rl.losses import (
+        loss_config,  # (here, not at the top: the schema itself stays free of JAX)
+    )
+
+    for role in ("actor", "extractor"):
+        loss_config(c, role)  # the loss dataclass checks its own values; the error names the config key
     _check(c.actor.lr > 0 and c.extractor.lr > 0, "actor.lr / extractor.lr", "must be positive")
     _check(c.extractor.buffer_size >= 1, "extractor.buffer_size", "must be >= 1")
     for role in ("actor", "extractor"):
@@ -487,6 +486,12 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         # the distillation overlaps (issue 19: 19.0 GB peak at 4 tasks x 8 x 10 turns on CPU); 8 rows: 1.6 GB.
         c.extractor.rows_per_call = 8
         c.extractor.buffer_size = 64
+        # XLA's buffer plan of the actor update at 32 rows x 4,096 tokens (issue 19, launch/bench/update_memory.py):
+        # micro-batches of 8 with the head scored 2,048 positions at a time need 13.5 GB of temporaries (23.4 GB
+        # peak RSS at 4 tasks x 8 x 10 turns); 4 rows and 512 positions need 4.4 GB. Same values either way.
+        for role in (c.actor, c.extractor):
+            role.micro_batch = 4
+            role.logits_chunk = 512
         return c
     raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
 

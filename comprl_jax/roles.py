@@ -81,11 +81,12 @@ def scorer(graphdef, remat: bool, logits_chunk: int):
     )
 
 
-def build_role(model: LoadedModel, name: str, cfg, loss_cfg, kind: str, rows: int, mesh=None) -> Role:
+def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=None) -> Role:
     """A role from its config section ``cfg`` (``config.actor`` / ``config.extractor``).
 
     Args:
-      kind: the loss (``"actor"`` | ``"extractor"``, :data:`comprl_jax.rl.losses.LOSSES`).
+      loss_cfg: the loss, by its config (``ActorLossConfig`` / ``ExtractorLossConfig``: the type selects the
+        loss functions, :data:`comprl_jax.rl.losses.LOSSES`).
       rows: rows of each optimizer step (one rollout mini-batch / one buffer pop); fixed, so the update compiles
         once.
     """
@@ -107,7 +108,7 @@ def build_role(model: LoadedModel, name: str, cfg, loss_cfg, kind: str, rows: in
     logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk)
     shardings = None if mesh is None else train_state_shardings(state, mesh)
     update = make_update_fn(
-        logits_fn, kind, loss_cfg, tx, num_micro_batches=micro, mesh=mesh, state_shardings=shardings
+        logits_fn, loss_cfg, tx, num_micro_batches=micro, mesh=mesh, state_shardings=shardings
     )
     logprobs = make_logprob_fn(
         logits_fn,

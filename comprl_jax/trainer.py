@@ -44,7 +44,8 @@ from comprl_jax.checkpoint import RunCheckpointer
 from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.extractor_track import ExtractorTrack
 from comprl_jax.model_zoo import load_model, tiny_tokenizer
-from comprl_jax.rl import ActorLossConfig, ExtractorLossConfig, self_distillation_select, subgroup_advantages
+from comprl_jax.rl import self_distillation_select, subgroup_advantages
+from comprl_jax.rl.losses import loss_config
 from comprl_jax.rollout import (
     ASK_CLOSE,
     ASK_OPEN,
@@ -126,14 +127,7 @@ class Trainer:
             load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed, mesh=self.actor_mesh),
             "actor",
             c.actor,
-            ActorLossConfig(
-                clip_eps=c.actor.clip_eps,
-                ratio=c.actor.ratio,
-                loss_agg=c.actor.loss_agg,
-                subgroup_mean=c.actor.subgroup_mean,
-                sft_coef=c.actor.self_distill_coef if self.sft_slots else 0.0,
-            ),
-            "actor",
+            loss_config(c, "actor", sft_coef=c.actor.self_distill_coef if self.sft_slots else 0.0),
             rows // c.actor.updates_per_batch,
             self.actor_mesh,
         )
@@ -150,8 +144,7 @@ class Trainer:
                 ),
                 "extractor",
                 c.extractor,
-                ExtractorLossConfig(clip_eps=c.extractor.cispo_eps, loss_agg=c.extractor.loss_agg),
-                "extractor",
+                loss_config(c, "extractor"),
                 c.extractor.buffer_size,
                 self.extractor_mesh,
             )

@@ -45,7 +45,7 @@ CASES = [
         2,
         "error: --config=configs/minihack_room.py:tinyy: config variant word 'tinyy' unknown",
     ),
-    ("out-of-range value", [TINY, "--config.actor.clip_eps=3"], 2, "error: config key actor.clip_eps: must be in (0, 1)"),
+    ("out-of-range value", [TINY, "--config.actor.loss.clip_eps=3"], 2, "error: config key actor.loss.clip_eps: must be in (0, 1)"),
     # 16.3: validate() runs on the final config, after the command line's overrides
     ("odd group size", [TINY, "--config.rollout.group_size=3"], 2, "error: config key rollout.group_size: must be even"),
     ("bad value type", [TINY, "--config.actor.lr=abc"], 2, "error: flag --config.actor.lr=abc: could not convert"),
@@ -70,10 +70,12 @@ def test_misspelled_config_file_suggests_the_right_one(tmp_path):
 
 
 def test_verbosity_adds_the_traceback(tmp_path):
-    rc, err, _ = _train(TINY, "--config.actor.clip_eps=3", f"--workdir={tmp_path / 'r'}", "--verbosity=1")
+    rc, err, _ = _train(
+        TINY, "--config.actor.loss.clip_eps=3", f"--workdir={tmp_path / 'r'}", "--verbosity=1"
+    )
     assert rc == 2
     assert err[0] == "Traceback (most recent call last):"
-    assert err[-2] == "error: config key actor.clip_eps: must be in (0, 1)"
+    assert err[-2] == "error: config key actor.loss.clip_eps: must be in (0, 1)"
 
 
 def test_workdir_that_is_a_file(tmp_path):

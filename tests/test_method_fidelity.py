@@ -165,7 +165,7 @@ def tiny(tmp_path_factory):
     return tiny_tokenizer(corpus, str(tmp_path_factory.mktemp("tok"))), c
 
 
-def _role(tiny, name, loss, kind, rows, lr):
+def _role(tiny, name, loss, rows, lr):
     from comprl_jax import roles
     from comprl_jax.model_zoo import load_model
 
@@ -174,9 +174,7 @@ def _role(tiny, name, loss, kind, rows, lr):
     with section.unlocked():
         section.lr = lr
         section.micro_batch = 1
-    return roles.build_role(
-        load_model("tiny", role=name, tokenizer=tok, seed=3), name, section, loss, kind, rows
-    )
+    return roles.build_role(load_model("tiny", role=name, tokenizer=tok, seed=3), name, section, loss, rows)
 
 
 def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
@@ -188,7 +186,7 @@ def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
     from comprl_jax.train_batches import extractor_batch
 
     tok, _ = tiny
-    role = _role(tiny, "extractor", ExtractorLossConfig(clip_eps=0.1), "extractor", rows=2, lr=3e-2)
+    role = _role(tiny, "extractor", ExtractorLossConfig(clip_eps=0.1), rows=2, lr=3e-2)
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)[0]
                for p in ("lesson 1", "lesson 2")]  # fmt: skip
     res = role.sampler.generate(prompts, jax.random.key(0), SamplingParams(max_new_tokens=12))
@@ -221,7 +219,7 @@ def test_actor_mini_batch_steps_move_the_ratio_and_mismatch_is_tiny(tiny):
     from comprl_jax.sampling import SamplingParams
 
     tok, _ = tiny
-    role = _role(tiny, "actor", ActorLossConfig(), "actor", rows=2, lr=3e-2)  # 4 rows = 2 optimizer steps
+    role = _role(tiny, "actor", ActorLossConfig(), rows=2, lr=3e-2)  # 4 rows = 2 optimizer steps
     prompts = [tok.encode(f"Observation: go {d}") for d in ("north", "south", "east", "west")]
     res = role.sampler.generate(prompts, jax.random.key(1), SamplingParams(max_new_tokens=8))
     seqs, masks, lps = [], [], []
@@ -263,7 +261,7 @@ def test_extractor_generation_records_the_truncated_prompt_it_sampled(tiny):
         c.extractor.sampling.max_new_tokens = 16
     from comprl_jax.rl import ExtractorLossConfig
 
-    role = _role(tiny, "extractor", ExtractorLossConfig(), "extractor", rows=2, lr=1e-3)
+    role = _role(tiny, "extractor", ExtractorLossConfig(), rows=2, lr=1e-3)
     track = _generating_track(c, role.sampler, tok, version=5)
     long = "lesson " * 200
     (g,) = track.generate([long], jax.random.key(0))
@@ -280,7 +278,7 @@ def test_extractor_rows_per_call_bounds_each_sampler_call(tiny):
     from comprl_jax.rl import ExtractorLossConfig
 
     tok, c = tiny
-    role = _role(tiny, "extractor", ExtractorLossConfig(), "extractor", rows=2, lr=1e-3)
+    role = _role(tiny, "extractor", ExtractorLossConfig(), rows=2, lr=1e-3)
     prompts = [f"lesson {i} " * (i + 1) for i in range(5)]
     key = jax.random.key(3)
     got = {}

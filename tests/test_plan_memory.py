@@ -142,7 +142,7 @@ def test_activation_estimate_tracks_xla_buffer_plan():
             "advantages": jnp.ones((1,), jnp.float32),
             "subgroup": jnp.zeros((1,), jnp.int32),
         }
-        fn = jax.jit(lambda p, b, s=scorer: accumulate_gradients(s, "actor", losses.ActorLossConfig(), p, b))
+        fn = jax.jit(lambda p, b, s=scorer: accumulate_gradients(s, losses.ActorLossConfig(), p, b))
         xla = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
         est = sum(pm.update_activation_bytes(cfg, 1, t, 1, 256, compute_bytes=4).values())
         assert 0.9 * xla <= est <= 1.5 * xla, (extra, t, est, xla)
@@ -206,7 +206,7 @@ def test_moe_activation_estimate_tracks_xla_buffer_plan():
         "advantages": jnp.ones((1,), jnp.float32),
         "subgroup": jnp.zeros((1,), jnp.int32),
     }
-    fn = jax.jit(lambda p, b: accumulate_gradients(scorer, "actor", losses.ActorLossConfig(), p, b))
+    fn = jax.jit(lambda p, b: accumulate_gradients(scorer, losses.ActorLossConfig(), p, b))
     xla = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
     est = pm.update_activation_bytes(cfg, 1, t, 1, 256, compute_bytes=4)
     # per token: attention + norms, 2 x (2 D + 3 F_moe) per slot, k x D gathered, 2 E float32 router; x2

@@ -46,9 +46,7 @@ def test_actor_loss_learns_text_bandit():
     logits_fn = functools.partial(forward, graphdef)
     tx = make_optimizer(OptimConfig(lr=3e-3))
     state = create_train_state(params, tx)
-    update = make_update_fn(
-        logits_fn, "actor", losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1
-    )
+    update = make_update_fn(logits_fn, losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1)
     logprobs = make_logprob_fn(logits_fn)
     b = G * K
     fixed = {

@@ -1,5 +1,6 @@
 """Hand-computed values for every RL formula (SPEC §2, §3, §7)."""
 
+import dataclasses
 import math
 
 import jax
@@ -192,6 +193,43 @@ def test_config_errors_name_the_key():
         losses.ActorLossConfig(ratio="seq")
     with pytest.raises(ValueError, match="extractor.clip_eps"):
         losses.ExtractorLossConfig(clip_eps=1.5)
+
+
+def test_run_config_loss_sub_dicts_build_the_loss_dataclasses():
+    """``c.actor.loss`` / ``c.extractor.loss`` are the loss configs' fields, checked once by the dataclass."""
+    from comprl_jax import config as config_lib
+
+    c = config_lib.build("tiny", "t")
+    assert losses.loss_config(c, "actor", sft_coef=0.3) == losses.ActorLossConfig(
+        clip_eps=0.2, ratio="token", loss_agg="token_mean", subgroup_mean=True, sft_coef=0.3
+    )
+    assert losses.loss_config(c, "extractor") == losses.ExtractorLossConfig(clip_eps=0.1)
+    with c.unlocked():
+        c.extractor.loss.loss_agg = "sum"
+        with pytest.raises(ValueError, match=r"^config key extractor.loss.loss_agg: must be one of"):
+            config_lib.validate(c)
+        c.extractor.loss.loss_agg = "token_mean"
+        c.actor.loss.eps = 0.1
+        with pytest.raises(ValueError, match=r"config key actor.loss: unknown field\(s\) \['eps'\]"):
+            config_lib.validate(c)
+
+
+def test_the_loss_config_type_selects_the_loss_functions():
+    assert losses.loss_functions(losses.ActorLossConfig()) == (losses.actor_loss, losses.actor_token_weights)
+    assert losses.loss_functions(losses.ExtractorLossConfig())[0] is losses.extractor_loss
+
+    @dataclasses.dataclass(frozen=True)
+    class MyLoss:
+        compute_entropy: bool = False
+
+    with pytest.raises(TypeError, match="no loss registered for MyLoss"):
+        losses.loss_functions(MyLoss())
+    mine = (lambda logp, ent, batch, cfg: (0.0, {}), lambda batch, cfg: {})
+    losses.register_loss(MyLoss, *mine)
+    try:
+        assert losses.loss_functions(MyLoss()) == mine
+    finally:
+        del losses.LOSSES[MyLoss]
 
 
 # ---- CISPO -------------------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def with_old_logprobs(logits_fn, params, batch, perturb=0.0, seed=0):
 def test_micro_batch_accumulation_is_exact(kind, cfg):
     logits_fn, params, _ = model()
     batch = with_old_logprobs(logits_fn, params, make_batch(1, kind=kind), perturb=0.3)
-    grad = jax.jit(lambda p, b, m: accumulate_gradients(logits_fn, kind, cfg, p, b, m), static_argnums=2)
+    grad = jax.jit(lambda p, b, m: accumulate_gradients(logits_fn, cfg, p, b, m), static_argnums=2)
     g1, m1 = grad(params, batch, 1)
     g4, m4 = grad(params, batch, 4)
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g1)) > 1e-3  # a real, non-zero gradient
@@ -99,7 +99,7 @@ def test_chunked_head_equals_full_logits(chunk):
     logits_fn, params, _ = model()
     cfg = losses.ActorLossConfig(compute_entropy=True)
     batch = with_old_logprobs(logits_fn, params, make_batch(3), perturb=0.3)
-    grad = jax.jit(lambda f, p, b: accumulate_gradients(f, "actor", cfg, p, b, 2), static_argnums=0)
+    grad = jax.jit(lambda f, p, b: accumulate_gradients(f, cfg, p, b, 2), static_argnums=0)
     g_full, m_full = grad(logits_fn, params, batch)
     g_chunk, m_chunk = grad(chunked(chunk), params, batch)
     for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk), strict=True):
@@ -132,7 +132,7 @@ def test_chunked_head_never_holds_full_logits():
             "advantages": jnp.ones((b,), jnp.float32),
             "subgroup": jnp.zeros((b,), jnp.int32),
         }
-        fn = jax.jit(lambda p, bt: accumulate_gradients(f, "actor", losses.ActorLossConfig(), p, bt))
+        fn = jax.jit(lambda p, bt: accumulate_gradients(f, losses.ActorLossConfig(), p, bt))
         return fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
 
     dv = 4096  # extra vocabulary entries
@@ -146,9 +146,7 @@ def test_update_compiles_once_and_donates():
     logits_fn, params, _ = model()
     tx = make_optimizer(OptimConfig(lr=1e-3))
     state = create_train_state(jax.tree.map(jnp.copy, params), tx)
-    update = make_update_fn(
-        logits_fn, "actor", losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1
-    )
+    update = make_update_fn(logits_fn, losses.ActorLossConfig(), tx, num_micro_batches=2, max_traces=1)
     for i in range(5):
         batch = with_old_logprobs(logits_fn, state.params, make_batch(10 + i), perturb=0.1, seed=i)
         old_leaves = jax.tree.leaves(state)
@@ -168,7 +166,7 @@ def test_sharded_update_equals_unsharded():
     batch = with_old_logprobs(logits_fn, params, make_batch(3), perturb=0.2)
 
     plain = create_train_state(jax.tree.map(jnp.copy, params), tx)
-    plain, m_plain = make_update_fn(logits_fn, "actor", cfg, tx, num_micro_batches=2)(plain, batch)
+    plain, m_plain = make_update_fn(logits_fn, cfg, tx, num_micro_batches=2)(plain, batch)
 
     mesh = shd.make_mesh({"data": 2, "fsdp": 4})
     _, sharded_params = init_decoder(CFG, seed=0, mesh=mesh)
@@ -183,9 +181,7 @@ def test_sharded_update_equals_unsharded():
         state.params, sharded_batch
     )
     np.testing.assert_allclose(old, model()[2](params, batch), atol=1e-5, rtol=0)
-    update = make_update_fn(
-        logits_fn, "actor", cfg, tx, num_micro_batches=2, mesh=mesh, state_shardings=shardings
-    )
+    update = make_update_fn(logits_fn, cfg, tx, num_micro_batches=2, mesh=mesh, state_shardings=shardings)
     with jax.set_mesh(mesh):
         state, m_sharded = update(state, sharded_batch)
     for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(state.params), strict=True):
@@ -201,15 +197,14 @@ def test_bad_inputs_raise_clear_errors():
     logits_fn, params, _ = model()
     tx = make_optimizer(OptimConfig(lr=1e-3))
     with pytest.raises(ValueError, match="state_shardings"):
-        make_update_fn(logits_fn, "actor", losses.ActorLossConfig(), tx, mesh=shd.make_mesh())
+        make_update_fn(logits_fn, losses.ActorLossConfig(), tx, mesh=shd.make_mesh())
     with pytest.raises(ValueError, match="num_micro_batches=3"):
         accumulate_gradients(
             logits_fn,
-            "actor",
             losses.ActorLossConfig(),
             params,
             with_old_logprobs(logits_fn, params, make_batch(4)),
             3,
         )
-    with pytest.raises(ValueError, match="loss kind"):
-        accumulate_gradients(logits_fn, "critic", losses.ActorLossConfig(), params, make_batch(4), 1)
+    with pytest.raises(TypeError, match="no loss registered for dict"):
+        accumulate_gradients(logits_fn, {"clip_eps": 0.2}, params, make_batch(4), 1)

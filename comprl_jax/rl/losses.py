@@ -33,6 +33,7 @@ micro-batch losses (and gradients) reproduces the full-batch value exactly. Metr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -68,14 +69,10 @@ class ActorLossConfig:
     compute_entropy: bool = True
 
     def __post_init__(self):
-        if self.ratio not in RATIOS:
-            raise ValueError(f"actor.ratio must be one of {RATIOS}, got {self.ratio!r}")
-        if self.loss_agg not in LOSS_AGGS:
-            raise ValueError(f"actor.loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
-        if not 0.0 < self.clip_eps < 1.0:
-            raise ValueError(f"actor.clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.sft_coef < 0:
-            raise ValueError(f"actor.sft_coef must be >= 0, got {self.sft_coef}")
+        _check_field(self, "actor", "ratio", self.ratio in RATIOS, f"must be one of {RATIOS}")
+        _check_field(self, "actor", "loss_agg", self.loss_agg in LOSS_AGGS, f"must be one of {LOSS_AGGS}")
+        _check_field(self, "actor", "clip_eps", 0.0 < self.clip_eps < 1.0, "must be in (0, 1)")
+        _check_field(self, "actor", "sft_coef", self.sft_coef >= 0, "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +90,39 @@ class ExtractorLossConfig:
     compute_entropy: bool = True
 
     def __post_init__(self):
-        if self.loss_agg not in LOSS_AGGS:
-            raise ValueError(f"extractor.loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
-        if not 0.0 < self.clip_eps < 1.0:
-            raise ValueError(f"extractor.clip_eps must be in (0, 1), got {self.clip_eps}")
+        _check_field(self, "extractor", "loss_agg", self.loss_agg in LOSS_AGGS, f"must be one of {LOSS_AGGS}")
+        _check_field(self, "extractor", "clip_eps", 0.0 < self.clip_eps < 1.0, "must be in (0, 1)")
+
+
+class LossConfigError(ValueError):
+    """A bad loss-config value; ``field`` names it (``config.validate`` turns it into the config key)."""
+
+    def __init__(self, role: str, field: str, reason: str, value):
+        super().__init__(f"{role}.{field} {reason}, got {value!r}")
+        self.field, self.reason = field, reason
+
+
+def _check_field(cfg, role: str, field: str, ok: bool, reason: str) -> None:
+    if not ok:
+        raise LossConfigError(role, field, reason, getattr(cfg, field))
+
+
+def loss_config(c, role: str, **extra):
+    """The run config's ``c.<role>.loss`` sub-dict as its loss dataclass (:class:`ActorLossConfig` /
+    :class:`ExtractorLossConfig`): the one place its values are checked. ``extra``: fields the trainer derives
+    (the actor's ``sft_coef``). Raises ValueError naming the config key (``actor.loss.clip_eps``)."""
+    cls = {"actor": ActorLossConfig, "extractor": ExtractorLossConfig}[role]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = c[role].loss.to_dict()
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ValueError(
+            f"config key {role}.loss: unknown field(s) {unknown}; {cls.__name__} has {sorted(fields)}"
+        )
+    try:
+        return cls(**given, **extra)
+    except LossConfigError as e:
+        raise ValueError(f"config key {role}.loss.{e.field}: {e.reason}") from None
 
 
 def token_logprobs(logits, tokens, compute_entropy: bool = False):
@@ -394,4 +420,25 @@ def finalize_metrics(pairs):
     return out
 
 
-LOSSES = {"actor": (actor_loss, actor_token_weights), "extractor": (extractor_loss, extractor_token_weights)}
+# The loss a config selects: its type -> (loss_fn(logp, entropy, batch, cfg), token_weights_fn(batch, cfg)).
+# A new loss = a frozen config dataclass + its two functions, registered with register_loss.
+LOSSES: dict[type, tuple[Callable, Callable]] = {
+    ActorLossConfig: (actor_loss, actor_token_weights),
+    ExtractorLossConfig: (extractor_loss, extractor_token_weights),
+}
+
+
+def register_loss(config_type: type, loss_fn: Callable, token_weights_fn: Callable) -> None:
+    """Makes ``config_type`` instances select ``loss_fn`` / ``token_weights_fn`` in the update step."""
+    LOSSES[config_type] = (loss_fn, token_weights_fn)
+
+
+def loss_functions(cfg) -> tuple[Callable, Callable]:
+    """``(loss_fn, token_weights_fn)`` of a loss config (:data:`LOSSES`)."""
+    try:
+        return LOSSES[type(cfg)]
+    except KeyError:
+        names = ", ".join(t.__name__ for t in LOSSES)
+        raise TypeError(
+            f"no loss registered for {type(cfg).__name__}; use one of {names} or rl.losses.register_loss"
+        ) from None

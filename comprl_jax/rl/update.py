@@ -24,10 +24,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from comprl_jax import sharding as shd
 from comprl_jax.rl.losses import (
-    LOSSES,
     accumulate_pairs,
     chunked_token_logprobs,
     finalize_metrics,
+    loss_functions,
     token_logprobs,
 )
 from comprl_jax.rl.train_state import TrainState
@@ -109,16 +109,16 @@ def compute_logprobs(
     return merge_micro_batches(jax.lax.map(one, micro))
 
 
-def loss_and_metrics(logits_fn: LogitsFn, kind: str, cfg, params, batch):
-    """Forward + loss for one micro-batch (its ``token_weight`` already set from the full batch)."""
-    loss_fn, _ = LOSSES[kind]
+def loss_and_metrics(logits_fn: LogitsFn, cfg, params, batch):
+    """Forward + loss for one micro-batch (its ``token_weight`` already set from the full batch); ``cfg``'s type
+    selects the loss (:func:`~comprl_jax.rl.losses.loss_functions`)."""
+    loss_fn, _ = loss_functions(cfg)
     logp, ent = model_logprobs(logits_fn, params, batch, cfg.compute_entropy)
     return loss_fn(logp, ent, batch, cfg)
 
 
 def accumulate_gradients(
     logits_fn: LogitsFn,
-    kind: str,
     cfg,
     params,
     batch,
@@ -130,21 +130,19 @@ def accumulate_gradients(
     """Exact full-batch gradient and metric pairs, accumulated over ``num_micro_batches`` with ``lax.scan``.
 
     Args:
-      kind: ``"actor"`` | ``"extractor"``.
-      cfg: the matching ``ActorLossConfig`` / ``ExtractorLossConfig``.
+      cfg: the loss, by its config (``ActorLossConfig`` / ``ExtractorLossConfig`` or any type registered with
+        :func:`~comprl_jax.rl.losses.register_loss`).
       batch: the layout of :mod:`comprl_jax.rl.losses`, ``[B, ...]``.
       grad_shardings: optional shardings to pin the float32 accumulator to (the params' layout).
     Returns:
       ``(grads: float32 tree like params, metrics: {name: (num, den)})`` summed over micro-batches.
     """
-    if kind not in LOSSES:
-        raise ValueError(f"loss kind must be one of {sorted(LOSSES)}, got {kind!r}")
-    _, weights_fn = LOSSES[kind]
+    _, weights_fn = loss_functions(cfg)
     batch = {**batch, **weights_fn(batch, cfg)}
     micro = _constrain_micro(
         jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), batch), mesh, rules
     )
-    grad_fn = jax.grad(lambda p, mb: loss_and_metrics(logits_fn, kind, cfg, p, mb), has_aux=True)
+    grad_fn = jax.grad(lambda p, mb: loss_and_metrics(logits_fn, cfg, p, mb), has_aux=True)
 
     def pin(g):
         return g if grad_shardings is None else jax.lax.with_sharding_constraint(g, grad_shardings)
@@ -171,7 +169,6 @@ def accumulate_gradients(
 
 def make_update_fn(
     logits_fn: LogitsFn,
-    kind: str,
     loss_cfg,
     tx: optax.GradientTransformation,
     *,
@@ -185,7 +182,7 @@ def make_update_fn(
 
     Args:
       logits_fn: the model (see module docstring).
-      kind: ``"actor"`` | ``"extractor"``; loss_cfg: its config.
+      loss_cfg: the loss, by its config (``ActorLossConfig`` / ``ExtractorLossConfig``).
       tx: from :func:`comprl_jax.rl.train_state.make_optimizer`.
       num_micro_batches: M; the batch size must be divisible by M (and by M times the batch-sharding devices).
       mesh, state_shardings: with a mesh, the state's shardings
@@ -206,7 +203,7 @@ def make_update_fn(
 
     def update(state: TrainState, batch):
         grads, pairs = accumulate_gradients(
-            logits_fn, kind, loss_cfg, state.params, batch, num_micro_batches, mesh, rules, grad_shardings
+            logits_fn, loss_cfg, state.params, batch, num_micro_batches, mesh, rules, grad_shardings
         )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     state = create_train_state(params, tx)
     del params
     loss_cfg = losses.ActorLossConfig(compute_entropy=not args.no_entropy)
-    update = make_update_fn(logits_fn, "actor", loss_cfg, tx, num_micro_batches=args.micro, max_traces=1)
+    update = make_update_fn(logits_fn, loss_cfg, tx, num_micro_batches=args.micro, max_traces=1)
     logprobs = make_logprob_fn(logits_fn, num_micro_batches=args.micro)
     batch = jax.device_put(make_batch(cfg, args.batch, args.seq))
     tokens = args.batch * args.seq
