@@ -496,6 +496,30 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
 
 
+def load_file(path_variant: str) -> ml_collections.ConfigDict:
+    """``"configs/x.py[:variant]"`` (the ``--config`` flag's syntax) -> that file's ``get_config(variant)``."""
+    import importlib.util
+    import os
+
+    path, _, variant = path_variant.partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path} not found (from {path_variant!r})")
+    name = "config_file_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant)
+
+
+def set_key(c: ml_collections.ConfigDict, key: str, value) -> None:
+    """``c["a.b.c"] = value`` for a dotted key (the config must be unlocked for a new key)."""
+    *parents, leaf = key.split(".")
+    node = c
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+
+
 def build(arg: str | None, experiment: str, edit=None) -> ml_collections.ConfigDict:
     """The common tail of every ``configs/*.py:get_config``: base -> experiment edit -> scale -> method -> lock."""
     scale, method, extras = parse_variant(arg)

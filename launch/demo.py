@@ -14,12 +14,12 @@ rollouts, retrieval, distillation into the bank, merges, actor and extractor upd
 paper's effect, which needs a pretrained model (`:smollm`, ideally on a GPU).
 """
 
-import importlib.util
 import os
 import time
 
 from absl import flags
 
+from comprl_jax import config as config_lib
 from comprl_jax import launch_utils as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "run directory")
@@ -29,12 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def demo_config(steps: int):
-    spec = importlib.util.spec_from_file_location(
-        "minihack_room", os.path.join(REPO, "configs", "minihack_room.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    config = mod.get_config("tiny")
+    config = config_lib.load_file(os.path.join(REPO, "configs", "minihack_room.py") + ":tiny")
     config.train.steps = steps
     config.train.eval_tasks = 4
     return config

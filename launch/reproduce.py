@@ -44,6 +44,7 @@ import sys
 
 from absl import flags
 
+from comprl_jax import config as config_lib
 from comprl_jax import launch_utils as lu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,10 +123,7 @@ def load_config(name: str, variant: str):
     path = os.path.join(ROOT, "configs", f"{name}.py")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found (a table names a config file that does not exist)")
-    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(variant)
+    return config_lib.load_file(f"{path}:{variant}")
 
 
 def _plan_memory():

@@ -1,7 +1,8 @@
 """Shared helpers for trainer tests: minimal overrides that keep a `:tiny` run to seconds per step."""
 
-import importlib.util
 import os
+
+from comprl_jax import config as config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,17 +24,9 @@ MINI = {
 
 
 def load_config(name: str, variant: str = "tiny", **overrides):
-    path = os.path.join(REPO, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(variant)
+    c = config_lib.load_file(os.path.join(REPO, "configs", f"{name}.py") + f":{variant}")
     for key, value in {**MINI, **overrides}.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+        config_lib.set_key(c, key, value)
     return c
 
 

@@ -17,13 +17,14 @@ The wall clock includes compilation; it is the figure a user waiting at a 2-core
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import tempfile
 import time
 
 from absl import app, flags
+
+from comprl_jax import config as config_lib
 
 _CONFIG = flags.DEFINE_string("config", "configs/minihack_room.py:cpu,baseline", "config file[:variant]")
 _ENV = flags.DEFINE_string("env", "comprl/MiniHack-Room-5x5-v0", "env id (replaces config env.tasks)")
@@ -39,11 +40,7 @@ _OVERRIDES = flags.DEFINE_multi_string(
 
 
 def load(config_arg: str, env_id: str, seed: int, overrides: list[str]):
-    path, _, variant = config_arg.partition(":")
-    spec = importlib.util.spec_from_file_location("bench_cfg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(variant)
+    c = config_lib.load_file(config_arg)
     with c.unlocked():
         c.env.tasks = (env_id,)
         c.seed = seed
@@ -51,11 +48,7 @@ def load(config_arg: str, env_id: str, seed: int, overrides: list[str]):
         c.checkpoint.every = 10**6
         for item in overrides:
             key, _, value = item.partition("=")
-            node = c
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node[p]
-            node[leaf] = json.loads(value)
+            config_lib.set_key(c, key, json.loads(value))
     return c
 
 

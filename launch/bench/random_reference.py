@@ -13,13 +13,13 @@ launch/bench/compare_cpu.sh), ``first_half`` (the steps before), ``eval`` and ``
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import numpy as np
 from absl import app, flags
 
+from comprl_jax import config as config_lib
 from comprl_jax.envs import registry
 from comprl_jax.tasks import TaskSampler
 
@@ -46,11 +46,7 @@ def play(env, seed: int, episodes: int, max_turns: int, rng: np.random.Generator
 
 def main(argv):
     del argv
-    path, _, variant = _CONFIG.value.partition(":")
-    spec = importlib.util.spec_from_file_location("cfg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(variant)
+    c = config_lib.load_file(_CONFIG.value)
     (env_id,) = c.env.tasks
     env = registry.make(env_id, max_turns=c.env.max_turns)
     K, turns = c.rollout.group_size, c.env.max_turns
