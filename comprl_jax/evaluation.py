@@ -59,8 +59,8 @@ def eval_tasks(env_id: str, index: int, split: str | None, n: int, seed: int) ->
 
 
 def evaluate(trainer: Any, n_per_task: int, with_experience: bool) -> dict[str, dict]:
-    """Plays the held-out tasks of every env in ``trainer.c.env.tasks``; returns ``{label: row}``."""
-    c = trainer.c
+    """Plays the held-out tasks of every env in ``trainer.config.env.tasks``; returns ``{label: row}``."""
+    c = trainer.config
     guided = with_experience and trainer.track is not None
     out: dict[str, dict] = {}
     key = jax.random.key(c.seed + 12345 + (1 if guided else 0))

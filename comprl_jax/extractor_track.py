@@ -13,7 +13,7 @@ the extractor's off-policy training samples (CISPO's importance weight needs the
 Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
 while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
 
-Multi-process (``jax.process_count() > 1``): every process holds an identical manager and calls it identically.
+Multi-process (``multi_process=True``, set by the trainer from ``distributed.multi()``): every process holds an identical manager and calls it identically.
 Distillation then runs inline (the trainer dispatches the actor update first, so the device work still overlaps):
 one thread issues every jitted call, in the same order on every process. Retrieval is exact search (the ScaNN
 path is off: its k-means build is not guaranteed identical across processes); at the paper's capacity (20,000
@@ -60,15 +60,25 @@ def ops_regex(max_title: int = 20, max_content: int = 80) -> str:
 class ExtractorTrack:
     """Owns the ExperienceManager and the extractor's generation for it."""
 
-    def __init__(self, config: Any, embedder: Any, sampler: Any, tokenizer: Any, seed: int):
+    def __init__(
+        self,
+        config: Any,
+        embedder: Any,
+        sampler: Any,
+        tokenizer: Any,
+        seed: int,
+        *,
+        multi_process: bool = False,
+    ):
+        """``multi_process``: identical replicas on every process (``distributed.multi()``): distillation runs
+        inline on the main thread, exact search only, no background index builds."""
         c = self.c = config
         self.sampler, self.tokenizer, self.seed = sampler, tokenizer, seed
         self.calls = 0  # extractor generation calls so far (keys are derived from it)
         self.version = 0  # extractor updates applied to the sampler's weights (staleness of samples)
         self._now = 0.0
         self.search_ms: list[float] = []
-        self.inline = jax.process_count() > 1
-        # Multi-process: exact search only (deterministic on every process), no background index builds.
+        self.inline = multi_process
         index = IndexConfig(scann_min_size=2**62, background=False) if self.inline else IndexConfig()
         self.mgr = ExperienceManager(
             embedder.embed,

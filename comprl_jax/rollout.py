@@ -179,6 +179,88 @@ def _slots(specs: Sequence[EpisodeSpec]) -> list[int]:
     return out
 
 
+@dataclasses.dataclass
+class _Episode:
+    """One row of :func:`run_episodes` while it plays: everything that becomes its :class:`Trajectory`."""
+
+    spec: EpisodeSpec
+    info0: dict  # the reset's info (goal, query)
+    obs: str  # the latest observation
+    pending: list[int]  # token ids of the next input (system + first observation, then each next message)
+    live: bool
+    infra: bool
+    error: str | None
+    transcript: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    turns: int = 0
+    invalid: int = 0
+    context_full: bool = False
+    asked: list = dataclasses.field(default_factory=list)  # search & ask sample keys (None: no sample)
+
+    def record(self, reply: str) -> None:
+        """Transcript line of this turn; after a tool answer the reply belongs to that answer's line."""
+        t = self.transcript
+        if t and t[-1][1] == "" and t[-1][0].startswith("[search & ask"):
+            t[-1] = (t[-1][0], reply)
+        else:
+            t.append((self.obs, reply))
+
+    def step(self, reply: str, result) -> bool:
+        """Applies an env step's ``(obs, reward, terminated, truncated, info)``; True when the episode goes on."""
+        o, r, term, trunc, info = result
+        self.record(reply)
+        self.turns += 1
+        self.reward += float(r)
+        self.invalid = int(info.get("num_invalid", self.invalid))
+        self.success = bool(info.get("success", False))
+        if info.get("error"):
+            self.error = str(info["error"])
+        if info.get("failed"):
+            self.infra = True
+        self.obs = o
+        if term or trunc:
+            self.live = False
+        return self.live
+
+    def trajectory(self, ids: list[int], mask: list[int], logprobs: list[float]) -> Trajectory:
+        return Trajectory(
+            spec=self.spec,
+            tokens=ids,
+            loss_mask=mask,
+            reward=self.reward,
+            success=self.success and not self.infra,
+            turns=self.turns,
+            num_invalid=self.invalid,
+            goal=str(self.info0.get("goal", "")),
+            query=str(self.info0.get("query", "")),
+            transcript=self.transcript,
+            final_obs=self.obs,
+            error=self.error,
+            context_full=self.context_full,
+            ask_keys=[k for k in self.asked if k is not None],
+            logprobs=logprobs,
+            infra_failed=self.infra,
+            asks=len(self.asked),
+        )
+
+
+def _first_input(pools: Pools, spec: EpisodeSpec, obs: str, tokenizer, tool_text: str) -> list[int]:
+    """System message (env prompt, tool, experience) + the first observation, with the generation prompt."""
+    base = pools.system_prompts[spec.task.env_id]
+    system = system_message(base, spec.experience, tool_text if spec.can_ask else "")
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"Observation: {obs}"}]
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True)[0]
+
+
+def _next_input(context: list[int], message: dict, tokenizer, im_end: int | None) -> list[int]:
+    """Closes the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0)
+    and appends the next user / tool message with the generation prompt."""
+    close = im_end is not None and (not context or context[-1] != im_end)
+    cont, _ = tokenizer.encode_chat_continuation([message], add_generation_prompt=True)
+    return ([im_end] if close else []) + cont
+
+
 def run_episodes(
     pools: Pools,
     specs: Sequence[EpisodeSpec],
@@ -218,71 +300,44 @@ def run_episodes(
     own = set(_own(B, gather))
     conv = sampler.conversation(batch=B, max_len=max_len)
     tool_text = search_ask_prompt(ask_max) if ask is not None else ""
-    first: list[list[int] | None] = []
-    for s, (obs, _) in zip(specs, resets, strict=True):
-        base = pools.system_prompts[s.task.env_id]
-        system = system_message(base, s.experience, tool_text if s.can_ask else "")
-        msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"Observation: {obs}"}]
-        ids, _ = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-        first.append(ids)
     im_end = tokenizer.special_ids.get("<|im_end|>")
-    live = [not r[1].get("failed", False) for r in resets]
-    obs_now = [r[0] for r in resets]
-    transcripts: list[list[tuple[str, str]]] = [[] for _ in range(B)]
-    reward = [0.0] * B
-    success = [False] * B
-    turns = [0] * B
-    invalid = [0] * B
-    errors: list[str | None] = [r[1].get("error") for r in resets]
-    infra = [bool(r[1].get("failed", False)) for r in resets]
-    context_full = [False] * B
-    asked: list[list[str | None]] = [[] for _ in range(B)]
+    eps = [
+        _Episode(
+            spec=s,
+            info0=info,
+            obs=obs,
+            pending=_first_input(pools, s, obs, tokenizer, tool_text),
+            live=not info.get("failed", False),
+            infra=bool(info.get("failed", False)),
+            error=info.get("error"),
+        )
+        for s, (obs, info) in zip(specs, resets, strict=True)
+    ]
     if ask is not None:
         stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
-    pending = first
     t_gen = t_env = 0.0
 
-    def can_ask(b: int) -> bool:
-        return ask is not None and specs[b].can_ask and len(asked[b]) < ask_max
-
-    def record(b: int, reply: str) -> None:
-        """Transcript line of this turn; after a tool answer the reply belongs to that answer's line."""
-        if (
-            transcripts[b]
-            and transcripts[b][-1][1] == ""
-            and transcripts[b][-1][0].startswith("[search & ask")
-        ):
-            transcripts[b][-1] = (transcripts[b][-1][0], reply)
-        else:
-            transcripts[b].append((obs_now[b], reply))
-
-    def next_input(b: int, message: dict) -> list[int]:
-        """Closes the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0)
-        and appends the next user / tool message with the generation prompt."""
-        ids = conv.ids[b]
-        close = im_end is not None and (not ids or ids[-1] != im_end)
-        cont, _ = tokenizer.encode_chat_continuation([message], add_generation_prompt=True)
-        return ([im_end] if close else []) + cont
+    def can_ask(e: _Episode) -> bool:
+        return ask is not None and e.spec.can_ask and len(e.asked) < ask_max
 
     # Each round: one generation per live episode, then env steps (or tool answers). Env steps are bounded by
     # the envs' truncation at max_turns and tool turns by ask_max, so this ends after max_turns + ask_max rounds.
     for _round in range(max_turns + (ask_max if ask is not None else 0)):
-        if not any(live):
+        if not any(e.live for e in eps):
             break
         key, sub = jax.random.split(key)
-        for b in range(B):
+        for b, e in enumerate(eps):
             # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
-            if live[b] and len(conv.ids[b]) + len(pending[b]) + sp.max_new_tokens > max_len:
-                live[b] = False
-                context_full[b] = True
+            if e.live and len(conv.ids[b]) + len(e.pending) + sp.max_new_tokens > max_len:
+                e.live, e.context_full = False, True
         t0 = time.perf_counter()
         # One jitted call per (env id, may ask) group present (constraints differ); usually a single call.
         replies: list[str] = [""] * B
-        groups = sorted({(specs[b].task.env_id, can_ask(b)) for b in range(B) if live[b]})
+        groups = sorted({(e.spec.task.env_id, can_ask(e)) for e in eps if e.live})
         for env_id, asking in groups:
             rows = [
-                pending[b] if live[b] and (specs[b].task.env_id, can_ask(b)) == (env_id, asking) else None
-                for b in range(B)
+                e.pending if e.live and (e.spec.task.env_id, can_ask(e)) == (env_id, asking) else None
+                for e in eps
             ]
             constraint = constraint_for(env_id, asking) if constraint_for else None
             res = conv.turn(rows, sub, sp, stop_strings=stop_strings, constraint=constraint)
@@ -294,71 +349,38 @@ def run_episodes(
         t1 = time.perf_counter()
         # Search & ask: questions are answered by the extractor as tool turns (no env step), in one batch.
         questions = {}
-        for b in range(B):
-            q = ASK_RE.search(replies[b]) if live[b] and can_ask(b) else None
+        for b, e in enumerate(eps):
+            q = ASK_RE.search(replies[b]) if e.live and can_ask(e) else None
             if q and ANSWER_OPEN not in replies[b]:
                 questions[b] = q.group(1).strip()
-        tool_turn: dict[int, str] = {}
+        answered: set[int] = set()
         if questions:
-            got = ask([(q, obs_now[b], specs[b].task.env_id) for b, q in questions.items()])
+            got = ask([(q, eps[b].obs, eps[b].spec.task.env_id) for b, q in questions.items()])
             for b, (answer, sample_key) in zip(questions, got, strict=True):
-                asked[b].append(sample_key)
-                tool_turn[b] = answer if answer is not None else "[No answer]"
-                record(b, replies[b])
-                transcripts[b].append((f"[search & ask answer] {tool_turn[b]}", ""))  # reply: the next turn's
-                pending[b] = next_input(b, {"role": "tool", "content": tool_turn[b]})
+                e, text = eps[b], answer if answer is not None else "[No answer]"
+                e.asked.append(sample_key)
+                e.record(replies[b])
+                e.transcript.append((f"[search & ask answer] {text}", ""))  # reply: the next turn's
+                e.pending = _next_input(conv.ids[b], {"role": "tool", "content": text}, tokenizer, im_end)
+                answered.add(b)
         futs = {
-            b: pools.pools[specs[b].task.env_id].submit_step(slot_of[b], replies[b])
-            for b in range(B)
-            if live[b] and b not in tool_turn and b in own
+            b: pools.pools[e.spec.task.env_id].submit_step(slot_of[b], replies[b])
+            for b, e in enumerate(eps)
+            if e.live and b not in answered and b in own
         }
         results = {b: fut.result() for b, fut in futs.items()}
         if gather is not None:
             results = {
                 b: tuple(v) for b, v in sorted(gather({b: list(v) for b, v in results.items()}).items())
             }
-        for b, (o, r, term, trunc, info) in results.items():
-            record(b, replies[b])
-            turns[b] += 1
-            reward[b] += float(r)
-            invalid[b] = int(info.get("num_invalid", invalid[b]))
-            success[b] = bool(info.get("success", False))
-            if info.get("error"):
-                errors[b] = str(info["error"])
-            if info.get("failed"):
-                infra[b] = True
-            obs_now[b] = o
-            if term or trunc:
-                live[b] = False
-                continue
-            pending[b] = next_input(b, {"role": "user", "content": f"Observation: {o}"})
+        for b, result in results.items():
+            e = eps[b]
+            if e.step(replies[b], result):
+                message = {"role": "user", "content": f"Observation: {e.obs}"}
+                e.pending = _next_input(conv.ids[b], message, tokenizer, im_end)
         t_env += time.perf_counter() - t1
         t_gen += t1 - t0
-    trajs = []
-    for b, s in enumerate(specs):
-        ids, mask = conv.tokens(b)
-        info0 = resets[b][1]
-        trajs.append(
-            Trajectory(
-                spec=s,
-                tokens=ids,
-                loss_mask=mask,
-                reward=reward[b],
-                success=success[b] and not infra[b],
-                turns=turns[b],
-                num_invalid=invalid[b],
-                goal=str(info0.get("goal", "")),
-                query=str(info0.get("query", "")),
-                transcript=transcripts[b],
-                final_obs=obs_now[b],
-                error=errors[b],
-                context_full=context_full[b],
-                ask_keys=[k for k in asked[b] if k is not None],
-                logprobs=conv.logprobs(b),
-                infra_failed=infra[b],
-                asks=len(asked[b]),
-            )
-        )
+    trajs = [e.trajectory(*conv.tokens(b), conv.logprobs(b)) for b, e in enumerate(eps)]
     return trajs, {"gen_s": t_gen, "env_s": t_env}
 
 

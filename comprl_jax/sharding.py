@@ -21,12 +21,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-# Parameters carry logical axis names (``out_sharding=`` metadata) that *we* resolve with the rule table below;
-# NNX's eager sharding would instead demand a mesh context whenever a module is built (even unsharded, on one
-# CPU). Every module that creates such parameters imports this one, so turning it off here (process-wide) keeps
-# ``import comprl_jax`` itself light (env-pool worker processes import the package but never build models).
-nnx.use_eager_sharding(False)
-
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axis / axes / None. Order matters only for readability; each name appears once.
@@ -174,6 +168,17 @@ def state_specs(state: Any, rules=DEFAULT_RULES, mesh: Mesh | None = None) -> An
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def own_sharding_rules():
+    """Context in which NNX modules are built (and merged) without NNX's eager sharding.
+
+    Parameters carry logical axis names (``out_sharding=`` metadata) that *we* resolve with :data:`DEFAULT_RULES`;
+    eager sharding would instead demand a mesh context whenever a module is built, even unsharded on one CPU.
+    Every place that creates or merges such a module enters this context (a scoped switch, not a process-wide
+    one set at import).
+    """
+    return nnx.use_eager_sharding(False)
+
+
 def create_sharded(module_factory, mesh: Mesh, rules=DEFAULT_RULES):
     """Builds an NNX module with every parameter created already sharded, inside one jitted init.
 
@@ -183,9 +188,7 @@ def create_sharded(module_factory, mesh: Mesh, rules=DEFAULT_RULES):
       ``(graphdef, state)`` with ``state`` leaves laid out as the rules say. No unsharded copy is ever made on
       one device: the init runs under ``jax.jit(out_shardings=...)``.
     """
-    # Eager sharding would need a mesh context and resolves names itself; we resolve logical names with our
-    # own rules instead, so the same module code works with and without a mesh.
-    with nnx.use_eager_sharding(False):
+    with own_sharding_rules():  # we resolve the logical names: the same module code with and without a mesh
         graphdef, abs_state = nnx.split(nnx.eval_shape(module_factory))
         shardings = state_shardings(abs_state, mesh, rules)
         state = jax.jit(lambda: nnx.split(module_factory())[1], out_shardings=shardings)()
@@ -194,7 +197,7 @@ def create_sharded(module_factory, mesh: Mesh, rules=DEFAULT_RULES):
 
 def abstract_module(module_factory):
     """``(graphdef, abstract_state)`` of a module without allocating (``jax.eval_shape``)."""
-    with nnx.use_eager_sharding(False):
+    with own_sharding_rules():
         return nnx.split(nnx.eval_shape(module_factory))
 
 

@@ -59,6 +59,7 @@ from comprl_jax.rollout import (
 )
 from comprl_jax.tasks import TaskSampler
 from comprl_jax.train_batches import actor_batch, extractor_batch, strip_experience
+from comprl_jax.vocab_corpus import tokenizer_corpus
 
 log = logging.getLogger(__name__)
 
@@ -78,57 +79,57 @@ class PendingUpdate:
 
 class Trainer:
     def __init__(self, config, workdir: str):
-        self.c = c = config
+        self.config = cfg = config
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
-        self.experience = bool(c.experience.enabled)
-        self.train_actor = bool(c.actor.train)
-        self.train_extractor = self.experience and bool(c.extractor.train)
-        self.offline = self.experience and bool(c.bank.offline)
-        self.tasks = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, c.seed)
-        K = c.rollout.group_size
-        slots = c.rollout.tasks_per_step * K
+        self.experience = bool(cfg.experience.enabled)
+        self.train_actor = bool(cfg.actor.train)
+        self.train_extractor = self.experience and bool(cfg.extractor.train)
+        self.offline = self.experience and bool(cfg.bank.offline)
+        self.tasks = TaskSampler(cfg.env.tasks, cfg.rollout.tasks_per_step, cfg.seed)
+        K = cfg.rollout.group_size
+        slots = cfg.rollout.tasks_per_step * K
         self.pools = Pools(
-            c.env.tasks, slots, c.env.workers, c.env.backend, c.env.max_turns, c.env.step_timeout_s
+            cfg.env.tasks, slots, cfg.env.workers, cfg.env.backend, cfg.env.max_turns, cfg.env.step_timeout_s
         )
         self._eval_pools: dict[str | None, Pools] = {}
         # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
-        self.actor_mesh, self.extractor_mesh = dist.build_meshes(c.mesh)
+        self.actor_mesh, self.extractor_mesh = dist.build_meshes(cfg.mesh)
         self.multi = dist.multi()
         self.leader = dist.is_leader()
-        self.search_ask = self.experience and bool(c.retrieval.search_and_ask)
+        self.search_ask = self.experience and bool(cfg.retrieval.search_and_ask)
         self.overlap_extractor = (
             self.actor_mesh is not None
-            and c.mesh.placement == "disjoint"
+            and cfg.mesh.placement == "disjoint"
             and not self.search_ask  # search & ask samples the extractor during rollouts
         )
         self._pending: list[PendingUpdate] = []
         self.timeline: list[dict] = []
         tok = None
-        if "tiny" in (c.actor.model, c.extractor.model) or any(
-            str(m).startswith("tiny") for m in (c.actor.model, c.extractor.model)
+        if "tiny" in (cfg.actor.model, cfg.extractor.model) or any(
+            str(m).startswith("tiny") for m in (cfg.actor.model, cfg.extractor.model)
         ):
             tok_dir = os.path.join(workdir, "tokenizer")
             # One process trains the vocabulary; the others load it (the run directory is shared).
             if self.leader:
-                tok = tiny_tokenizer(self._corpus(), tok_dir)
+                tok = tiny_tokenizer(tokenizer_corpus(self.pools, cfg.retrieval.search_and_ask_max), tok_dir)
             dist.barrier("tiny_tokenizer")
             if not self.leader:
                 tok = tiny_tokenizer([], tok_dir)
-        episodes = slots * len(c.env.tasks)
-        self.sft_slots = episodes // 2 if (self.experience and c.actor.self_distill_coef > 0) else 0
+        episodes = slots * len(cfg.env.tasks)
+        self.sft_slots = episodes // 2 if (self.experience and cfg.actor.self_distill_coef > 0) else 0
         rows = episodes + self.sft_slots
-        if rows % c.actor.updates_per_batch:
+        if rows % cfg.actor.updates_per_batch:
             raise ValueError(
-                f"config key actor.updates_per_batch={c.actor.updates_per_batch} must divide the {rows} rows of "
+                f"config key actor.updates_per_batch={cfg.actor.updates_per_batch} must divide the {rows} rows of "
                 "the actor batch (tasks x group_size x envs, plus one self-distillation slot per guided episode)"
             )
         self.actor = roles.build_role(
-            load_model(c.actor.model, role="actor", tokenizer=tok, seed=c.seed, mesh=self.actor_mesh),
+            load_model(cfg.actor.model, role="actor", tokenizer=tok, seed=cfg.seed, mesh=self.actor_mesh),
             "actor",
-            c.actor,
-            loss_config(c, "actor", sft_coef=c.actor.self_distill_coef if self.sft_slots else 0.0),
-            rows // c.actor.updates_per_batch,
+            cfg.actor,
+            loss_config(cfg, "actor", sft_coef=cfg.actor.self_distill_coef if self.sft_slots else 0.0),
+            rows // cfg.actor.updates_per_batch,
             self.actor_mesh,
         )
         self.extractor = None
@@ -136,64 +137,44 @@ class Trainer:
         if self.experience:
             self.extractor = roles.build_role(
                 load_model(
-                    c.extractor.model,
+                    cfg.extractor.model,
                     role="extractor",
                     tokenizer=tok,
-                    seed=c.seed + 1,
+                    seed=cfg.seed + 1,
                     mesh=self.extractor_mesh,
                 ),
                 "extractor",
-                c.extractor,
-                loss_config(c, "extractor"),
-                c.extractor.buffer_size,
+                cfg.extractor,
+                loss_config(cfg, "extractor"),
+                cfg.extractor.buffer_size,
                 self.extractor_mesh,
             )
             from comprl_jax.models.embedders import embedder_from_config
 
             self.track = ExtractorTrack(
-                c,
-                embedder_from_config(c.retrieval.embedder, mesh=self.extractor_mesh),
+                cfg,
+                embedder_from_config(cfg.retrieval.embedder, mesh=self.extractor_mesh),
                 self.extractor.sampler,
                 self.extractor.model.tokenizer,
-                c.seed,
+                cfg.seed,
+                multi_process=self.multi,
             )
-        self.actor_sp = roles.sampling_params(c.actor.sampling)
+        self.actor_sampling = roles.sampling_params(cfg.actor.sampling)
         self._constraints: dict[tuple[str, bool], Any] = {}
         self.step = 0
-        self.key = jax.random.key(c.seed)
+        self.key = jax.random.key(cfg.seed)
         # Actor-critic: the actor's running success per env id ([successes, episodes]), shown to its judgement.
         self.task_stats: dict[str, list[int]] = {}
         self.offline_built = False
         self.ckpt = RunCheckpointer(
-            os.path.join(workdir, "checkpoints"), c.checkpoint.every, c.checkpoint.max_to_keep
+            os.path.join(workdir, "checkpoints"), cfg.checkpoint.every, cfg.checkpoint.max_to_keep
         )
         self._remove_stale_stores()
 
     # -- set-up helpers ------------------------------------------------------------------------------
-    def _corpus(self) -> list[str]:
-        """Text the tiny tokenizer is trained on: system prompts, a few real first observations per env, and
-        the strings of the other prompt templates (each module lists its own)."""
-        from comprl_jax import rollout
-        from comprl_jax.experience import ops as xops
-        from comprl_jax.experience.retrieval import corpus_strings as retrieval_strings
-
-        text = list(self.pools.system_prompts.values())
-        for pool in self.pools.pools.values():
-            for seed in range(3):
-                obs, info = pool.submit_reset(0, seed).result()
-                text.append(f"Observation: {obs}")
-                text.append(str(info.get("goal", "")))
-        return (
-            text
-            + xops.corpus_strings()
-            + rollout.corpus_strings(self.c.retrieval.search_and_ask_max)
-            + retrieval_strings()
-            + critic_lib.corpus_strings()
-        )
-
     def _constraint(self, env_id: str, can_ask: bool = False):
         """The actor's decoding constraint (tiny / smollm): the env's action set, plus the search & ask tag."""
-        if not self.c.actor.constrained:
+        if not self.config.actor.constrained:
             return None
         k = (env_id, can_ask)
         if k not in self._constraints:
@@ -256,7 +237,7 @@ class Trainer:
         if self.track is not None and self.leader:  # identical on every process: one writer
             self.track.save(self._experience_dir(self.step))
         dist.barrier(f"experience_{self.step}")
-        host = {**self._host_state(), "config": json.loads(self.c.to_json_best_effort())}
+        host = {**self._host_state(), "config": json.loads(self.config.to_json_best_effort())}
         saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
         if self.leader:
             self._prune_experience()
@@ -323,8 +304,8 @@ class Trainer:
     def episode_specs(self, tasks, *, guided: bool, eval_mode: bool = False) -> list[EpisodeSpec]:
         """K episodes per task (training: K/2 guided + K/2 free when ``guided``); evaluation plays K/2 per task,
         all guided (with experience) or all free (without)."""
-        K = self.c.rollout.group_size
-        r = self.c.retrieval
+        K = self.config.rollout.group_size
+        r = self.config.retrieval
         specs = []
         for t in tasks:
             for k in range(K // 2 if eval_mode else K):
@@ -344,7 +325,7 @@ class Trainer:
         ``record=False`` (evaluation): read-only retrieval, search & ask without training samples, and nothing
         else that changes the run's state.
         """
-        w = min(self.c.rollout.rows_per_wave or len(specs), len(specs))
+        w = min(self.config.rollout.rows_per_wave or len(specs), len(specs))
         if record and len(specs) % w:  # (evaluation's last chunk may be short: its last wave is too)
             raise ValueError(
                 f"config key rollout.rows_per_wave={w} must divide the {len(specs)} episodes of a step "
@@ -374,11 +355,11 @@ class Trainer:
             )
             for i, (block, uids) in zip(gi, got, strict=True):
                 specs[i].experience, specs[i].entry_uids = block, uids
-            if self.c.experience.blank:  # the control arm: same prompt length, no content
+            if self.config.experience.blank:  # the control arm: same prompt length, no content
                 count = lambda text: len(self.actor.model.tokenizer.encode(text))  # noqa: E731
                 for i in gi:
                     specs[i].experience = blank_experience(specs[i].experience, count)
-            if self.c.actor.actor_critic:
+            if self.config.actor.actor_critic:
                 self._judge([specs[i] for i in gi if specs[i].entry_uids], resets, specs, key)
         ask = None
         if self.search_ask and any(s.can_ask for s in specs):
@@ -396,13 +377,13 @@ class Trainer:
             resets,
             self.actor.sampler,
             self.actor.model.tokenizer,
-            self.actor_sp,
+            self.actor_sampling,
             key,
-            max_turns=self.c.env.max_turns,
-            max_len=self.c.rollout.max_context,
-            constraint_for=self._constraint if self.c.actor.constrained else None,
+            max_turns=self.config.env.max_turns,
+            max_len=self.config.rollout.max_context,
+            constraint_for=self._constraint if self.config.actor.constrained else None,
             ask=ask,
-            ask_max=self.c.retrieval.search_and_ask_max,
+            ask_max=self.config.retrieval.search_and_ask_max,
             gather=gather,
         )
         timing["rollout_s"] = time.perf_counter() - t0
@@ -423,13 +404,13 @@ class Trainer:
             items.append((str(goal), entry.text if entry else "", succ / n if n else None))
         constraint = (
             self.actor.sampler.regex_constraint(critic_lib.DECISION_REGEX)
-            if self.c.actor.constrained
+            if self.config.actor.constrained
             else None
         )
         decisions = critic_lib.judge(
             self.actor.sampler,
             self.actor.model.tokenizer,
-            self.actor_sp,
+            self.actor_sampling,
             jax.random.fold_in(key, 1_000_003),
             items,
             constraint,
@@ -455,10 +436,10 @@ class Trainer:
         """Offline Exp. (SPEC §8): ``bank.offline_build_steps`` rounds of free rollouts by the frozen actor,
         distilled by the frozen extractor, then one merge; before step 0 and outside ``train.steps``. The bank
         is fixed afterwards. Saved as checkpoint step 0."""
-        c = self.c
-        build = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, c.seed + 7_777)
-        key = jax.random.key(c.seed + 7_777)
-        for r in range(c.bank.offline_build_steps):
+        cfg = self.config
+        build = TaskSampler(cfg.env.tasks, cfg.rollout.tasks_per_step, cfg.seed + 7_777)
+        key = jax.random.key(cfg.seed + 7_777)
+        for r in range(cfg.bank.offline_build_steps):
             trajs, _ = self.rollout(build.next(), guided_ok=False, step=-1, key=jax.random.fold_in(key, r))
             self.track.distill_async(trajs, -1).result()
         self.track.merge(-1)
@@ -467,7 +448,7 @@ class Trainer:
 
     def train_step(self, fetch: bool = True) -> dict[str, Any]:
         """One step of SPEC §6. ``fetch=False``: the actor's device metrics are not read back (log_every)."""
-        c, step = self.c, self.step
+        cfg, step = self.config, self.step
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
         if self.search_ask:
@@ -477,7 +458,7 @@ class Trainer:
         # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout.
         self.join_extractor()
         # 3. advantages (infra failures are out of every statistic)
-        K = c.rollout.group_size
+        K = cfg.rollout.group_size
         rewards = np.array([outcome(t) for t in trajs], np.float32)
         valid = np.array([not t.infra_failed for t in trajs], bool)
         sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
@@ -485,8 +466,8 @@ class Trainer:
             subgroup_advantages(
                 rewards.reshape(-1, K),
                 sub.reshape(-1, K),
-                c.actor.adv_norm,
-                c.actor.adv_eps,
+                cfg.actor.adv_norm,
+                cfg.actor.adv_eps,
                 valid=valid.reshape(-1, K),
             )
         ).reshape(-1)
@@ -495,7 +476,7 @@ class Trainer:
                 s = self.task_stats.setdefault(t.spec.task.env_id, [0, 0])
                 s[0] += int(t.success)
                 s[1] += 1
-        m: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
         t_x = time.perf_counter()
         # 4. extractor: entry rewards, then distillation in the background (frozen bank for Offline Exp.)
         fut = None
@@ -503,52 +484,52 @@ class Trainer:
             self.track.record_outcomes(trajs)
         # 5. actor update (async dispatch: returns before the device finishes)
         t_up = time.perf_counter()
-        am = None
-        if self.train_actor and step >= c.actor.warmup_steps:
+        actor_metrics = None
+        if self.train_actor and step >= cfg.actor.warmup_steps:
             sft = self._self_distillation_rows(trajs, rewards, sub, valid) if self.sft_slots else []
             batch = actor_batch(
                 trajs, adv, sub, self.actor.model.tokenizer.pad_id, sft=sft, sft_slots=self.sft_slots
             )
-            am = roles.dispatch_update(self.actor, batch)
+            actor_metrics = roles.dispatch_update(self.actor, batch)
             if self.sft_slots:
-                m["actor/sft_rows"] = float(len(sft))
+                metrics["actor/sft_rows"] = float(len(sft))
         if self.track is not None and not self.offline:
             # Overlaps the actor update: a thread on one process, inline after the actor's async dispatch on
             # several (one thread issues all jitted calls, in order).
             fut = self.track.distill_async(trajs, step)
-        if am is not None and fetch:
-            m.update({f"actor/{k}": v for k, v in jax.device_get(am).items()})
-        m["time/update_s"] = time.perf_counter() - t_up
+        if actor_metrics is not None and fetch:
+            metrics.update({f"actor/{k}": v for k, v in jax.device_get(actor_metrics).items()})
+        metrics["time/update_s"] = time.perf_counter() - t_up
         # 6. bank: ops applied, merge, extractor updates
         if fut is not None:
             fut.result()
-            if c.bank.merge and (step + 1) % c.bank.merge_every == 0:
+            if cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0:
                 self.track.merge(step)
         if self.train_extractor:
-            self._start_extractor_updates(step, m)
+            self._start_extractor_updates(step, metrics)
             if not self.overlap_extractor:
                 self.join_extractor()
         if self.track is not None:
-            m.update(self.track.stats())
-        m["time/extraction_s"] = time.perf_counter() - t_x - m["time/update_s"]
+            metrics.update(self.track.stats())
+        metrics["time/extraction_s"] = time.perf_counter() - t_x - metrics["time/update_s"]
         # 7. metrics
         self.step += 1
-        m.update(_rollout_metrics(trajs, rewards, c.env.tasks))
-        m["time/rollout_s"] = timing["rollout_s"]
-        m["time/gen_s"] = timing["gen_s"]
-        m["time/env_s"] = timing["env_s"]
+        metrics.update(_rollout_metrics(trajs, rewards, cfg.env.tasks))
+        metrics["time/rollout_s"] = timing["rollout_s"]
+        metrics["time/gen_s"] = timing["gen_s"]
+        metrics["time/env_s"] = timing["env_s"]
         gen = sum(sum(t.loss_mask) for t in trajs)
-        m["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
-        return m
+        metrics["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
+        return metrics
 
     def _self_distillation_rows(self, trajs, rewards, sub, valid) -> list[tuple[list[int], list[int]]]:
         """SPEC §7: guided trajectories that beat their group's free mean, experience stripped."""
-        K = self.c.rollout.group_size
+        K = self.config.rollout.group_size
         chosen = np.asarray(
             self_distillation_select(rewards.reshape(-1, K), sub.reshape(-1, K), valid.reshape(-1, K))
         ).reshape(-1)
         tok = self.actor.model.tokenizer
-        tool = search_ask_prompt(self.c.retrieval.search_and_ask_max)
+        tool = search_ask_prompt(self.config.retrieval.search_and_ask_max)
         rows = []
         for t, pick in zip(trajs, chosen, strict=True):
             if pick:
@@ -567,23 +548,23 @@ class Trainer:
         between (search & ask turns this off). The bank-side bookkeeping (``mark_trained``) needs only the batch
         and happens now, at its fixed point of the step.
         """
-        while (xb := self.track.pop_batch()) is not None:
-            batch, host = extractor_batch(xb, self.extractor.model.tokenizer, self.track.version)
-            self.track.mark_trained(xb)
+        while (samples := self.track.pop_batch()) is not None:
+            batch, host = extractor_batch(samples, self.extractor.model.tokenizer, self.track.version)
+            self.track.mark_trained(samples)
             t0 = time.time()
-            dm = roles.dispatch_update(self.extractor, batch)
+            device_metrics = roles.dispatch_update(self.extractor, batch)
             done: dict[str, float] = {}
             # Records when the device work finished (a wait, not a dispatch: safe on any thread).
             watcher = threading.Thread(
-                target=lambda dm=dm, done=done: (
-                    jax.block_until_ready(dm),
+                target=lambda device_metrics=device_metrics, done=done: (
+                    jax.block_until_ready(device_metrics),
                     done.setdefault("end", time.time()),
                 ),
                 name="extractor-update-watch",
                 daemon=True,
             )
             watcher.start()
-            self._pending.append(PendingUpdate(row, dm, host, step, t0, watcher, done))
+            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done))
 
     def join_extractor(self) -> None:
         """Waits for the extractor updates in flight (if any) and puts their metrics (the mean over a row's
@@ -610,16 +591,16 @@ class Trainer:
     def eval_pools(self, split: str | None) -> Pools:
         """Env pools on a held-out split (``None``: the training envs' own constructor, for seeded levels)."""
         if split not in self._eval_pools:
-            c = self.c
-            slots = c.rollout.tasks_per_step * c.rollout.group_size
-            envs = [e for e in c.env.tasks if split in evaluation.splits_of(e, c.env.eval_split)]
+            cfg = self.config
+            slots = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+            envs = [e for e in cfg.env.tasks if split in evaluation.splits_of(e, cfg.env.eval_split)]
             self._eval_pools[split] = Pools(
                 envs,
                 slots,
-                c.env.workers,
-                c.env.backend,
-                c.env.max_turns,
-                c.env.step_timeout_s,
+                cfg.env.workers,
+                cfg.env.backend,
+                cfg.env.max_turns,
+                cfg.env.step_timeout_s,
                 env_kwargs=None if split is None else {"split": split},
             )
         return self._eval_pools[split]
@@ -628,6 +609,13 @@ class Trainer:
         """Held-out success per env (and split): see :mod:`comprl_jax.evaluation`."""
         self.join_extractor()
         return evaluation.evaluate(self, n_per_task, with_experience)
+
+    def evaluate_modes(self, n_per_task: int) -> dict[str, dict]:
+        """``{"without_exp": ..., "with_exp": ...}`` (the latter only when the run uses experience)."""
+        ev = {"without_exp": self.evaluate(n_per_task, with_experience=False)}
+        if self.track is not None:
+            ev["with_exp"] = self.evaluate(n_per_task, with_experience=True)
+        return ev
 
     def close(self) -> None:
         try:
@@ -703,11 +691,8 @@ def run(
       ``{"step", "last_metrics", "eval"}``.
     """
     os.makedirs(workdir, exist_ok=True)
-    if dist.is_leader():  # atomic: a crash never leaves a torn config.json
-        tmp = os.path.join(workdir, "config.json.tmp")
-        with open(tmp, "w") as f:
-            f.write(config.to_json_best_effort(indent=2))
-        os.replace(tmp, os.path.join(workdir, "config.json"))
+    if dist.is_leader():
+        write_config(config, workdir)
     tr = Trainer(config, workdir)
     bar = None
     try:
@@ -732,18 +717,15 @@ def run(
             eval_now = bool(config.train.eval_every) and (s + 1) % config.train.eval_every == 0
             eval_now = eval_now and s + 1 < config.train.steps  # (the final evaluation follows the loop)
             log_row = s % every == 0 or s + 1 >= config.train.steps or eval_now
-            m = tr.train_step(fetch=log_row)
-            m["time/step_s"] = time.perf_counter() - t0
+            metrics = tr.train_step(fetch=log_row)
+            metrics["time/step_s"] = time.perf_counter() - t0
             mem = mlib.device_memory_mb()
             if mem is not None:
-                m["device_mem_mb"] = mem
+                metrics["device_mem_mb"] = mem
             if eval_now:
-                ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
-                if tr.track is not None:
-                    ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
-                m.update(_eval_metrics(ev))
+                metrics.update(_eval_metrics(tr.evaluate_modes(config.train.eval_tasks)))
             if log_row:
-                rows.append((s, m))
+                rows.append((s, metrics))
             done_here += 1
             if bar is not None:
                 bar.update(1)
@@ -767,29 +749,49 @@ def run(
             recorded = mlib.read_jsonl(writer.path)
             last = recorded[-1] if recorded else {}
         result: dict[str, Any] = {"step": tr.step, "last_metrics": last}
-        eval_path = os.path.join(workdir, "eval.json")
-        if tr.step >= config.train.steps and done_here == 0 and os.path.exists(eval_path):
-            with open(eval_path) as f:  # a finished run: its evaluation is already on disk
-                result["eval"] = json.load(f)
-        elif tr.step >= config.train.steps:
-            ev = {"without_exp": tr.evaluate(config.train.eval_tasks, with_experience=False)}
-            if tr.track is not None:
-                ev["with_exp"] = tr.evaluate(config.train.eval_tasks, with_experience=True)
-            if tr.leader:
-                with open(eval_path, "w") as f:
-                    json.dump(ev, f, indent=2)
-            result["eval"] = ev
-            if tr.leader:
-                mlib.plot_curves({config.method: writer.path}, os.path.join(workdir, "curves.png"))
-        # Every process writes its replicas' digests: identical files = identical parameters, banks, buffers.
-        # (Skipped past 1 GiB of parameters: a digest copies every replica to the host.)
-        if tr.param_bytes() <= 2**30:
-            result["digests"] = tr.digests()
-            with open(os.path.join(workdir, f"digest_p{jax.process_index()}.json"), "w") as f:
-                json.dump(result["digests"], f, indent=2)
+        if tr.step >= config.train.steps:
+            result["eval"] = final_evaluation(tr, workdir, writer.path, ran_here=done_here > 0)
+        digests = write_digests(tr, workdir)
+        if digests is not None:
+            result["digests"] = digests
         writer.close()
         return result
     finally:
         if bar is not None:  # (closed before an error message, not redrawn after it)
             bar.close()
         tr.close()
+
+
+def write_config(config, workdir: str) -> None:
+    """``config.json``, atomically: a crash never leaves a torn file."""
+    tmp = os.path.join(workdir, "config.json.tmp")
+    with open(tmp, "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    os.replace(tmp, os.path.join(workdir, "config.json"))
+
+
+def final_evaluation(tr: Trainer, workdir: str, metrics_path: str, *, ran_here: bool) -> dict:
+    """The end-of-run evaluation (``eval.json``) and ``curves.png``. A finished run relaunched (nothing
+    ``ran_here``) returns the evaluation already on disk instead of playing it again."""
+    eval_path = os.path.join(workdir, "eval.json")
+    if not ran_here and os.path.exists(eval_path):
+        with open(eval_path) as f:
+            return json.load(f)
+    ev = tr.evaluate_modes(tr.config.train.eval_tasks)
+    if tr.leader:
+        with open(eval_path, "w") as f:
+            json.dump(ev, f, indent=2)
+        mlib.plot_curves({tr.config.method: metrics_path}, os.path.join(workdir, "curves.png"))
+    return ev
+
+
+def write_digests(tr: Trainer, workdir: str) -> dict | None:
+    """Every process writes its replicas' digests (``digest_p<i>.json``): identical files = identical
+    parameters, banks and buffers. Skipped (None) past 1 GiB of parameters: a digest copies every replica to
+    the host."""
+    if tr.param_bytes() > 2**30:
+        return None
+    digests = tr.digests()
+    with open(os.path.join(workdir, f"digest_p{jax.process_index()}.json"), "w") as f:
+        json.dump(digests, f, indent=2)
+    return digests

@@ -37,12 +37,12 @@ def _bench():
 
 def _success(tr, n_tasks: int, **sampling) -> tuple[float, int]:
     """(success rate, episodes) of the actor alone on the eval level with the given sampling settings."""
-    sp = tr.actor_sp
-    tr.actor_sp = dataclasses.replace(sp, **sampling)
+    sp = tr.actor_sampling
+    tr.actor_sampling = dataclasses.replace(sp, **sampling)
     try:
         (row,) = tr.evaluate(n_tasks, with_experience=False).values()
     finally:
-        tr.actor_sp = sp
+        tr.actor_sampling = sp
     return row["success"], row["episodes"]
 
 

@@ -303,7 +303,8 @@ def init_decoder(cfg: ModelConfig, seed: int = 0, mesh=None, rules=sharding.DEFA
         return sharding.create_sharded(factory, mesh, rules)
     # Jitted like the sharded path, so the same seed gives bit-identical values with and without a mesh.
     graphdef, _ = sharding.abstract_module(factory)
-    return graphdef, jax.jit(lambda: nnx.split(factory())[1])()
+    with sharding.own_sharding_rules():
+        return graphdef, jax.jit(lambda: nnx.split(factory())[1])()
 
 
 def abstract_decoder(cfg: ModelConfig):

@@ -55,12 +55,12 @@ def load(config_arg: str, env_id: str, seed: int, overrides: list[str]):
 def greedy_and_sampled(tr, n_tasks: int) -> tuple[float, float]:
     """Eval success of the actor alone, greedy and with its training sampling settings."""
     sampled = tr.evaluate(n_tasks, with_experience=False)
-    sp = tr.actor_sp
-    tr.actor_sp = dataclasses.replace(sp, greedy=True)
+    sp = tr.actor_sampling
+    tr.actor_sampling = dataclasses.replace(sp, greedy=True)
     try:
         greedy = tr.evaluate(n_tasks, with_experience=False)
     finally:
-        tr.actor_sp = sp
+        tr.actor_sampling = sp
 
     def mean(ev):
         vals = [r["success"] for r in ev.values()]

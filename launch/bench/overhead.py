@@ -45,9 +45,9 @@ def main(argv):
                 times[method].append(m["time/rollout_s"])
                 turns[method].append(
                     m["actions_per_episode"]
-                    * len(tr.c.env.tasks)
-                    * tr.c.rollout.tasks_per_step
-                    * tr.c.rollout.group_size
+                    * len(tr.config.env.tasks)
+                    * tr.config.rollout.tasks_per_step
+                    * tr.config.rollout.group_size
                 )
                 if method == "complementary":
                     for k in split:

@@ -1,0 +1,29 @@
+"""The text a tiny run's SentencePiece vocabulary is trained on (``model_zoo.tiny_tokenizer``).
+
+Each module that writes prompt text lists its own strings (``corpus_strings()`` beside the templates it covers:
+the rollout's turn and tool prompts, the extractor's ops, the experience block, the actor-critic's judgement);
+this module only joins them with the envs' system prompts and a few real first observations.
+"""
+
+from __future__ import annotations
+
+from comprl_jax import actor_critic, rollout
+from comprl_jax.experience import ops, retrieval
+
+
+def tokenizer_corpus(pools: rollout.Pools, ask_max: int, seeds: int = 3) -> list[str]:
+    """System prompts, the first observation and goal of ``seeds`` resets per env, and every module's template
+    strings (``ask_max``: the search & ask budget the tool prompt states)."""
+    text = list(pools.system_prompts.values())
+    for pool in pools.pools.values():
+        for seed in range(seeds):
+            obs, info = pool.submit_reset(0, seed).result()
+            text.append(f"Observation: {obs}")
+            text.append(str(info.get("goal", "")))
+    return (
+        text
+        + ops.corpus_strings()
+        + rollout.corpus_strings(ask_max)
+        + retrieval.corpus_strings()
+        + actor_critic.corpus_strings()
+    )
