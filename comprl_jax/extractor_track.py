@@ -114,7 +114,6 @@ class ExtractorTrack:
                 seed=seed,
             ),
             clock=lambda: self._now,
-            start_threads=False,  # the trainer drives it at fixed points (determinism)
             query_embed_fn=getattr(embedder, "embed_query", None),
         )
         self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
@@ -262,18 +261,12 @@ class ExtractorTrack:
         """The manager's store, plus this track's call counter and the query-embedding cache: a resumed run
         must see the same cache hits (an embedding computed in another batch may differ in the last bit)."""
         self.mgr.save(path)
-        cache = self.mgr.cache
-        with cache._lock:
-            keys = list(cache._cache)
-            vecs = (
-                np.stack([cache._cache[k] for k in keys])
-                if keys
-                else np.zeros((0, self.mgr.bank.dim), np.float32)
-            )
-        np.save(os.path.join(path, "query_cache.npy"), vecs.astype(np.float32), allow_pickle=False)
+        cache = self.mgr.cache.state_dict()
+        vecs = cache["vectors"] if cache["keys"] else np.zeros((0, self.mgr.bank.dim), np.float32)
+        np.save(os.path.join(path, "query_cache.npy"), vecs, allow_pickle=False)
         tmp = os.path.join(path, "track.json.tmp")
         with open(tmp, "w") as f:
-            json.dump({"calls": self.calls, "version": self.version, "query_cache_keys": keys}, f)
+            json.dump({"calls": self.calls, "version": self.version, "query_cache_keys": cache["keys"]}, f)
         os.replace(tmp, os.path.join(path, "track.json"))
 
     def load(self, path: str) -> None:
@@ -284,15 +277,10 @@ class ExtractorTrack:
         self.calls = int(meta["calls"])
         self.version = int(meta.get("version", 0))
         vecs = np.load(os.path.join(path, "query_cache.npy"), allow_pickle=False)
-        if len(vecs) != len(meta["query_cache_keys"]):
-            raise ValueError(
-                f"{path}: query cache has {len(vecs)} vectors for {len(meta['query_cache_keys'])} keys"
-            )
-        cache = self.mgr.cache
-        with cache._lock:
-            cache._cache.clear()
-            for k, v in zip(meta["query_cache_keys"], vecs, strict=True):
-                cache._cache[k] = np.asarray(v, np.float32)
+        try:
+            self.mgr.cache.load_state_dict({"keys": meta["query_cache_keys"], "vectors": vecs})
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -107,7 +107,6 @@ def _mgr(**kw):
         kw.pop("extractor_fn", None),
         bank_cfg=bank_cfg,
         clock=kw.pop("clock", FakeClock()),
-        start_threads=False,
         **kw,
     )
 

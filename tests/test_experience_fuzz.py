@@ -153,7 +153,6 @@ def test_random_op_sequences_keep_invariants(actions, dedup):
         hash_embed,
         DIM,
         _merger,
-        start_threads=False,
         clock=clock,
         bank_cfg=BankConfig(
             capacity=6, dedup_threshold=dedup, max_entry_chars=60, index=IndexConfig(scann_min_size=10**9)

@@ -21,6 +21,7 @@ from comprl_jax.experience import (
     IndexConfig,
     RetrievalConfig,
 )
+from comprl_jax.experience.threaded import ThreadedExperienceManager
 
 WORDS = ["key", "door", "stairs", "east", "west", "box", "lava", "shop", "red", "blue", "apple", "fridge"]
 
@@ -66,7 +67,7 @@ class Extractor:
 
 def test_concurrent_readers_writers_and_merges():
     ext = Extractor(0)
-    m = ExperienceManager(
+    m = ThreadedExperienceManager(
         hash_embed,
         DIM,
         ext,
@@ -160,7 +161,6 @@ def _make(clock):
         DIM,
         None,
         clock=clock,
-        start_threads=False,
         bank_cfg=BankConfig(index=IndexConfig(scann_min_size=300, background=False)),
         buffer_cfg=BufferConfig(batch_size=8),
         retrieval_cfg=RetrievalConfig(top_k=2),
@@ -189,7 +189,7 @@ def _answers(m, clock):
 
 def restore_and_answer(path, t):  # runs in the child process
     clock = FakeClock(t)
-    m = ExperienceManager.restore(path, hash_embed, clock=clock, start_threads=False)
+    m = ExperienceManager.restore(path, hash_embed, clock=clock)
     state = _state(m)
     print(json.dumps({"state": state, "answers": _answers(m, clock)}))
 
@@ -239,14 +239,13 @@ def test_load_rejects_mismatched_config_and_restore_takes_saved_ones(tmp_path):
     other = ExperienceManager(
         hash_embed,
         DIM,
-        start_threads=False,
         bank_cfg=m.bank.cfg,
         buffer_cfg=m.buffer.cfg,
         retrieval_cfg=RetrievalConfig(top_k=3),
     )
     with pytest.raises(ValueError, match=r"retrieval config differs .*top_k"):
         other.load(str(tmp_path / "s"))
-    r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed, start_threads=False)
+    r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed)
     assert r.retrieval_cfg.top_k == 2 and r.bank.cfg.index.scann_min_size == 300 and len(r.bank.entries) == 1
     with pytest.raises(FileNotFoundError, match="missing meta.json"):
         r.load(str(tmp_path / "nope"))
@@ -264,7 +263,7 @@ def test_distill_queue_and_search_and_ask_rewards():
             for p in ps
         ]
 
-    with ExperienceManager(
+    with ThreadedExperienceManager(
         hash_embed,
         DIM,
         extractor,

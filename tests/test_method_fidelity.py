@@ -144,7 +144,7 @@ def test_infra_failures_are_out_of_the_advantages_and_the_batch():
 def test_infra_failed_episodes_give_no_extractor_reward_and_are_not_distilled():
     from comprl_jax.extractor_track import ExtractorTrack
 
-    m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock(), start_threads=False)
+    m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock())
     m.apply_output("t", answer(add(mem("a", "go east"))), [], step=0, prompt="P")
     track = ExtractorTrack.__new__(ExtractorTrack)  # only record_outcomes' state
     track.mgr = m
@@ -322,8 +322,7 @@ def test_extractor_rows_per_call_bounds_each_sampler_call(tiny):
 
 
 def test_every_full_buffer_batch_is_popped_and_counted_in_updates():
-    m = ExperienceManager(hash_embed, DIM, None, buffer_cfg=BufferConfig(batch_size=2), clock=FakeClock(),
-                          start_threads=False)  # fmt: skip
+    m = ExperienceManager(hash_embed, DIM, None, buffer_cfg=BufferConfig(batch_size=2), clock=FakeClock())  # fmt: skip
     for i in range(5):
         m.apply_output("t", answer(add(mem(f"a{i}", f"go {i}"))), [], step=0, prompt="P")
         m.record_outcome([i], i % 2 == 0)
@@ -372,7 +371,7 @@ def test_actor_critic_decisions_and_the_s_plus_r_reward():
     assert re.fullmatch(ac.DECISION_REGEX, "<answer>refine: go east</answer>")
     # Extractor reward of an entry = mean over its episodes of (s + r): accepted success 1 + 1, refined failure
     # 0.5 - 1, rejected success 0 + 1 -> (2 - 0.5 + 1) / 3.
-    m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock(), start_threads=False)
+    m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock())
     m.apply_output("t", answer(add(mem("a", "go east"))), [], step=0, prompt="P")
     m.record_outcome([0], True, bonus=1.0)
     m.record_outcome([0], False, bonus=0.5)
@@ -472,7 +471,7 @@ def test_cpu_scale_is_tiny_with_the_learning_settings():
 def test_shared_bank_transfers_across_tasks_and_task_partitions_do_not():
     for partition, found in (("shared", True), ("task", False)):
         m = ExperienceManager(
-            hash_embed, DIM, None, start_threads=False, clock=FakeClock(),
+            hash_embed, DIM, None, clock=FakeClock(),
             bank_cfg=BankConfig(partition=partition, index=IndexConfig(scann_min_size=10**9)),
         )  # fmt: skip
         m.apply_output("minihack", answer(add(mem("stairs", "walk to the stairs"))), [], step=0)
@@ -487,7 +486,7 @@ def test_shared_bank_merges_across_tasks_and_round_trips(tmp_path):
         return [answer(add(mem("merged", "walk east then south"))) for _ in prompts]
 
     m = ExperienceManager(
-        hash_embed, DIM, merger, start_threads=False, clock=FakeClock(),
+        hash_embed, DIM, merger, clock=FakeClock(),
         bank_cfg=BankConfig(partition="shared", key="query", index=IndexConfig(scann_min_size=10**9)),
     )  # fmt: skip
     m.apply_output("a", answer(add(mem("x", "go east"))), [], step=0, query="query one")
@@ -499,7 +498,7 @@ def test_shared_bank_merges_across_tasks_and_round_trips(tmp_path):
     assert e.key_text == "query one\nquery two"
     np.testing.assert_allclose(m.bank.vector(e.uid), hash_embed([e.key_text])[0], atol=1e-6)
     m.save(str(tmp_path / "s"))
-    r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed, clock=FakeClock(), start_threads=False)
+    r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed, clock=FakeClock())
     assert r.search(["query one"], ["c"])[0].uids == [e.uid]
 
 

@@ -323,6 +323,47 @@ class ExperienceBank:
     def vector(self, uid: int) -> np.ndarray:
         return self.indexes[self.part(self.entries[uid].task_id)].vector(uid)
 
+    # -- state (caller holds the writer lock; persist.py writes / reads it as JSON + .npy + ScaNN folders) -------
+    def state_dict(self) -> dict:
+        """Everything the bank holds, as copies: ``entries`` (dicts of every :class:`Entry` field, uid order),
+        ``embeddings`` ``[N, D]`` float32 (row i = entries[i]), ``next_uid``, ``counts``, ``op_log`` and
+        ``partitions`` (``[{"task_id", "built": BuiltIndex | None}]``, sorted: the published searchers)."""
+        entries = list(self.entries.values())
+        emb = np.stack([self.vector(e.uid) for e in entries]) if entries else np.zeros((0, self.dim))
+        return {
+            "entries": [dataclasses.asdict(e) for e in entries],
+            "embeddings": emb.astype(np.float32),
+            "next_uid": self.next_uid,
+            "counts": dict(self.counts),
+            "op_log": [dict(r) for r in self.op_log],
+            "partitions": [{"task_id": t, "built": ix.built} for t, ix in sorted(self.indexes.items())],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replaces the bank's contents with a :meth:`state_dict` (indexes rebuilt from the rows, published
+        searchers restored as they were, no build triggered)."""
+        entries = [Entry(**d) for d in state["entries"]]
+        emb = np.asarray(state["embeddings"], np.float32)
+        if emb.shape != (len(entries), self.dim):
+            raise ValueError(
+                f"bank state: embeddings of shape {emb.shape}, expected ({len(entries)}, {self.dim})"
+            )
+        self.entries = collections.OrderedDict((e.uid, e) for e in entries)
+        self.indexes = {}
+        rows: dict[str, list[int]] = collections.defaultdict(list)  # partition key -> rows
+        for i, e in enumerate(entries):
+            rows[self.part(e.task_id)].append(i)
+        built = {p["task_id"]: p["built"] for p in state["partitions"]}
+        for task_id in sorted(set(rows) | set(built)):
+            r = rows.get(task_id, [])
+            ix = self._index(task_id)
+            ix.load_rows(np.array([entries[i].uid for i in r], np.int64), emb[r])
+            if built.get(task_id) is not None:
+                ix.set_built(built[task_id])
+        self.next_uid = int(state["next_uid"])
+        self.counts = collections.Counter(state["counts"])
+        self.op_log = list(state["op_log"])
+
     def wait_for_builds(self) -> None:
         for idx in list(self.indexes.values()):
             idx.wait_for_build()

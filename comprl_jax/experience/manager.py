@@ -1,13 +1,14 @@
 """ExperienceManager (SPEC §5-6): the one object the trainer talks to.
 
-* Search: callers block on :meth:`search`; a batcher thread groups queries into micro-batches (flush at ``batch``
-  queries or ``t_max_s`` after the first), and ``workers`` threads run batches: embed (LRU cache) -> index search
-  under the reader lock -> under the writer lock, Eq. 6 re-rank + usage stats, query by query in order.
+* Search: :meth:`search` runs in the calling thread, in micro-batches of ``batch`` queries: embed (LRU cache) ->
+  index search under the reader lock -> under the writer lock, Eq. 6 re-rank + usage stats, query by query in
+  order. (The trainer drives the manager this way, at fixed points of the step, for determinism;
+  :class:`~comprl_jax.experience.threaded.ThreadedExperienceManager` adds the batcher and consumer threads of a
+  serving setting.)
 * Writes (extractor ops, merges, outcomes, training marks) take the writer lock, so a search sees either all or none
   of a mutation.
-* Distillation: :meth:`submit_distill` enqueues finished episodes; a consumer thread batches them into
-  ``extractor_fn(prompts) -> responses`` calls (the sampler in the trainer, a plain callable in tests), parses and
-  applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds. A response is a
+* Distillation: :meth:`distill` turns finished episodes into ``extractor_fn(prompts) -> responses`` calls (the
+  sampler in the trainer, a plain callable in tests), parses and applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds. A response is a
   plain string or a :class:`~comprl_jax.experience.sample.Generation` (its token ids and behaviour logprobs then
   travel with the entries it creates: they are the extractor's off-policy training sample).
 * Read-only searches (``record=False``, e.g. evaluation) neither touch usage stats nor draw from the RNG, so they
@@ -19,10 +20,8 @@
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
-import queue
-import threading
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -82,7 +81,6 @@ class ExperienceManager:
         buffer_cfg: BufferConfig = BufferConfig(),
         cfg: ManagerConfig = ManagerConfig(),
         clock: Callable[[], float] = time.time,
-        start_threads: bool = True,
         query_embed_fn: EmbedFn | None = None,
     ):
         """``embed_fn`` embeds entry keys (documents); ``query_embed_fn`` (default: the same) embeds retrieval
@@ -98,14 +96,6 @@ class ExperienceManager:
         self.refine_samples: dict[str, tuple[str, str, dict | None]] = {}
         self.num_refines = 0
         self.errors: list[str] = []
-        self._threads: list[threading.Thread] = []
-        self._search_q: queue.Queue = queue.Queue()
-        self._distill_q: queue.Queue = queue.Queue()
-        self._distill_pending = 0
-        self._distill_cv = threading.Condition()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        if start_threads:
-            self.start()
 
     @classmethod
     def with_embedder(cls, embedder, extractor_fn: ExtractorFn | None = None, **kwargs) -> ExperienceManager:
@@ -118,25 +108,8 @@ class ExperienceManager:
         query_fn = getattr(embedder, "embed_query", None)
         return cls(embedder.embed, embedder.dim, extractor_fn, query_embed_fn=query_fn, **kwargs)
 
-    # -- threads -----------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="exp-search")
-        for target, name in ((self._batch_loop, "exp-batcher"), (self._distill_loop, "exp-distill")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
-
     def close(self) -> None:
-        """Stops the threads (pending searches are answered first)."""
-        if not self._threads:
-            return
-        self._search_q.put(None)
-        self._distill_q.put(None)
-        for t in self._threads:
-            t.join()
-        self._threads = []
-        self._pool.shutdown(wait=True)
-        self._pool = None
+        """Nothing to stop here (see :class:`~comprl_jax.experience.threaded.ThreadedExperienceManager`)."""
 
     def __enter__(self):
         return self
@@ -146,73 +119,24 @@ class ExperienceManager:
 
     # -- search ------------------------------------------------------------------------------------
     def search(self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True) -> list[Retrieval]:
-        """Retrieves for each (query, task_id); blocks until answered. Thread-safe.
+        """Retrieves for each (query, task_id); see :meth:`search_sync` (the threaded manager batches callers)."""
+        return self.search_sync(queries, task_ids, record)
+
+    def search_sync(
+        self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True
+    ) -> list[Retrieval]:
+        """The pipeline in the calling thread, in micro-batches of ``cfg.batch`` (deterministic). Thread-safe.
 
         ``record=False``: a read-only search (no usage stats, no RNG draw; Eq. 6 still sees the current stats).
         """
         if len(queries) != len(task_ids):
             raise ValueError(f"{len(queries)} queries but {len(task_ids)} task ids")
-        if not self._threads or not record:
-            return self.search_sync(queries, task_ids, record)
-        futs = []
-        b = self.cfg.batch
-        for i in range(0, len(queries), b):
-            # One caller's queries travel as one group (<= batch) so the 1 ms flush never splits them.
-            group = [
-                (q, t, concurrent.futures.Future())
-                for q, t in zip(queries[i : i + b], task_ids[i : i + b], strict=True)
-            ]
-            self._search_q.put(group)
-            futs += [f for _, _, f in group]
-        return [f.result() for f in futs]
-
-    def search_sync(
-        self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True
-    ) -> list[Retrieval]:
-        """The same pipeline in the calling thread, in micro-batches of ``cfg.batch`` (deterministic)."""
         out: list[Retrieval] = []
         for i in range(0, len(queries), self.cfg.batch):
             out += self._run_batch(
                 list(queries[i : i + self.cfg.batch]), list(task_ids[i : i + self.cfg.batch]), record
             )
         return out
-
-    def _batch_loop(self) -> None:
-        """Groups queued query groups into micro-batches: flush at ``batch`` queries or ``t_max_s`` after the first."""
-        carry = None
-        while True:
-            group = carry if carry is not None else self._search_q.get()
-            carry = None
-            if group is None:
-                return
-            batch = list(group)
-            deadline = time.monotonic() + self.cfg.t_max_s
-            stop = False
-            while len(batch) < self.cfg.batch:
-                left = deadline - time.monotonic()
-                try:
-                    nxt = self._search_q.get(timeout=left) if left > 0 else self._search_q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                if len(batch) + len(nxt) > self.cfg.batch:
-                    carry = nxt  # starts the next micro-batch
-                    break
-                batch += nxt
-            self._pool.submit(self._answer, batch)
-            if stop:
-                return
-
-    def _answer(self, batch) -> None:
-        try:
-            res = self._run_batch([b[0] for b in batch], [b[1] for b in batch])
-            for (_, _, f), r in zip(batch, res, strict=True):
-                f.set_result(r)
-        except Exception as e:  # noqa: BLE001 -- hand the error to every waiting caller
-            for _, _, f in batch:
-                f.set_exception(e)
 
     def _run_batch(self, queries: list[str], task_ids: list[str], record: bool = True) -> list[Retrieval]:
         vecs = self.cache(queries)
@@ -330,49 +254,6 @@ class ExperienceManager:
             for r, s, p, resp in zip(requests, shown, prompts, responses, strict=True)
         ]
 
-    def submit_distill(self, request: DistillRequest) -> None:
-        """Producer side of the distillation queue (non-blocking)."""
-        with self._distill_cv:
-            self._distill_pending += 1
-        if self._threads:
-            self._distill_q.put(request)
-        else:
-            self._consume([request])
-
-    def drain(self, timeout: float | None = None) -> None:
-        """Blocks until every submitted distillation request has been processed."""
-        with self._distill_cv:
-            if not self._distill_cv.wait_for(lambda: self._distill_pending == 0, timeout):
-                raise TimeoutError(f"{self._distill_pending} distillation requests still pending")
-
-    def _distill_loop(self) -> None:
-        while True:
-            item = self._distill_q.get()
-            if item is None:
-                return
-            batch = [item]
-            while len(batch) < self.cfg.distill_batch:
-                try:
-                    nxt = self._distill_q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._consume(batch)
-                    return
-                batch.append(nxt)
-            self._consume(batch)
-
-    def _consume(self, batch: list[DistillRequest]) -> None:
-        try:
-            self.distill(batch)
-        except Exception as e:  # noqa: BLE001 -- a bad extractor call must not kill the consumer
-            self.errors.append(f"distill: {type(e).__name__}: {e}")
-            self.counts["distill_errors"] += 1
-        finally:
-            with self._distill_cv:
-                self._distill_pending -= len(batch)
-                self._distill_cv.notify_all()
-
     def merge(self, step: int) -> dict:
         """One periodic merge pass over every partition (SPEC §4)."""
         if self.extractor_fn is None:
@@ -481,7 +362,7 @@ class ExperienceManager:
 
     @classmethod
     def restore(cls, path: str, embed_fn: EmbedFn, extractor_fn: ExtractorFn | None = None, **kwargs):
-        """A new manager built from the configs saved at ``path``, then loaded (``kwargs``: clock, start_threads)."""
+        """A new manager built from the configs saved at ``path``, then loaded (``kwargs``: e.g. clock)."""
         from comprl_jax.experience.persist import saved_configs
 
         configs, dim = saved_configs(path)
@@ -489,9 +370,8 @@ class ExperienceManager:
         mgr.load(path)
         return mgr
 
-    def state_dict(self) -> dict:
-        """Small JSON-able summary of the store (sizes and counters: logs, notebooks); the store itself goes
-        through ``save`` / ``load``."""
+    def summary(self) -> dict:
+        """Small JSON-able summary of the store (sizes and counters: logs, notebooks)."""
         with self.lock.read():
             return {
                 "entries": len(self.bank.entries),
@@ -500,6 +380,54 @@ class ExperienceManager:
                 "buffer": len(self.buffer),
                 "counts": dict(self.counts),
             }
+
+    def configs(self) -> dict:
+        """The store's configs as plain dicts (:func:`configs_from_dict` builds them back)."""
+        return {
+            "bank": dataclasses.asdict(self.bank.cfg),
+            "retrieval": dataclasses.asdict(self.retrieval_cfg),
+            "buffer": dataclasses.asdict(self.buffer.cfg),
+            "manager": dataclasses.asdict(self.cfg),
+        }
+
+    def state_dict(self) -> dict:
+        """The whole store, consistent (taken under the writer lock after in-flight index builds finish):
+        ``bank`` (:meth:`ExperienceBank.state_dict`), ``buffer``, ``counts``, ``rng_state`` (numpy PCG64 state),
+        ``refine_samples``, ``num_refines``, ``dim`` and ``configs``. ``persist.save_manager`` writes it."""
+        self.bank.wait_for_builds()  # outside the lock: a build publishes under the writer lock
+        with self.lock.write():
+            return {
+                "dim": self.bank.dim,
+                "configs": self.configs(),
+                "bank": self.bank.state_dict(),
+                "buffer": self.buffer.state_dict(),
+                "counts": dict(self.counts),
+                "rng_state": self.rng.bit_generator.state,
+                "refine_samples": dict(self.refine_samples),
+                "num_refines": self.num_refines,
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replaces bank, buffer, RNG and counters with a :meth:`state_dict`; the bank, retrieval and buffer
+        configs must equal this manager's (:meth:`restore` builds a manager from the saved ones)."""
+        if state["dim"] != self.bank.dim:
+            raise ValueError(f"store dim {state['dim']} != manager dim {self.bank.dim}")
+        mine = json.loads(json.dumps(self.configs()))
+        for name in ("bank", "retrieval", "buffer"):
+            diff = sorted(k for k in mine[name] if mine[name][k] != state["configs"][name].get(k))
+            if diff:
+                raise ValueError(
+                    f"saved {name} config differs from this manager's in {diff} "
+                    "(use ExperienceManager.restore to take the saved configs)"
+                )
+        with self.lock.write():
+            self.bank.load_state_dict(state["bank"])
+            self.counts = collections.Counter(state["counts"])
+            self.rng.bit_generator.state = state["rng_state"]
+            # (prompt, response, token record); stores written before token records were kept have pairs.
+            self.refine_samples = {k: (*v, None)[:3] for k, v in state["refine_samples"].items()}
+            self.num_refines = int(state["num_refines"])
+            self.buffer.load_state_dict(state["buffer"])
 
 
 _SECTIONS = {

@@ -18,8 +18,6 @@ waiting for in-flight index builds, so a restored store answers every search exa
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import json
 import os
 import shutil
@@ -27,7 +25,6 @@ import uuid
 
 import numpy as np
 
-from comprl_jax.experience.bank import Entry, ExperienceBank
 from comprl_jax.experience.index import BuiltIndex, load_scann, save_scann
 
 FORMAT = "comprl_jax.experience/1"
@@ -51,54 +48,42 @@ def _write_json(path: str, obj) -> None:
 
 
 def save_manager(mgr, path: str) -> None:
-    """Writes ``mgr`` (an ExperienceManager) to directory ``path`` atomically."""
+    """Writes ``mgr.state_dict()`` (an ExperienceManager's) to directory ``path`` atomically."""
     path = os.path.abspath(path)
+    state = mgr.state_dict()  # a consistent copy: the writing below needs no lock
+    bank = state["bank"]
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
-    bank: ExperienceBank = mgr.bank
-    bank.wait_for_builds()  # outside the lock: a build publishes under the writer lock
     try:
-        with mgr.lock.write():
-            entries = list(bank.entries.values())
-            emb = (
-                np.stack([bank.vector(e.uid) for e in entries])
-                if entries
-                else np.zeros((0, bank.dim), np.float32)
+        np.save(os.path.join(tmp, "embeddings.npy"), bank["embeddings"], allow_pickle=False)
+        _write_json(os.path.join(tmp, "entries.json"), bank["entries"])
+        parts = []
+        for i, p in enumerate(bank["partitions"]):
+            built, sub = p["built"], None
+            if built is not None:
+                sub = f"index/p{i}"
+                save_scann(built.searcher, os.path.join(tmp, sub))
+                np.save(os.path.join(tmp, sub, "built_uids.npy"), built.uids, allow_pickle=False)
+            parts.append(
+                {"task_id": p["task_id"], "index": sub, "num_leaves": built.num_leaves if sub else 0}
             )
-            np.save(os.path.join(tmp, "embeddings.npy"), emb.astype(np.float32), allow_pickle=False)
-            _write_json(os.path.join(tmp, "entries.json"), [dataclasses.asdict(e) for e in entries])
-            parts = []
-            for i, (task_id, ix) in enumerate(sorted(bank.indexes.items())):
-                sub = None
-                if ix.built is not None:
-                    sub = f"index/p{i}"
-                    save_scann(ix.built.searcher, os.path.join(tmp, sub))
-                    np.save(os.path.join(tmp, sub, "built_uids.npy"), ix.built.uids, allow_pickle=False)
-                parts.append(
-                    {"task_id": task_id, "index": sub, "num_leaves": ix.built.num_leaves if sub else 0}
-                )
-            meta = {
-                "format": FORMAT,
-                "dim": bank.dim,
-                "next_uid": bank.next_uid,
-                "bank_counts": dict(bank.counts),
-                "manager_counts": dict(mgr.counts),
-                "rng_state": mgr.rng.bit_generator.state,
-                "refine_samples": mgr.refine_samples,
-                "num_refines": mgr.num_refines,
-                "partitions": parts,
-                "configs": {
-                    "bank": dataclasses.asdict(bank.cfg),
-                    "retrieval": dataclasses.asdict(mgr.retrieval_cfg),
-                    "buffer": dataclasses.asdict(mgr.buffer.cfg),
-                    "manager": dataclasses.asdict(mgr.cfg),
-                },
-            }
-            _write_json(os.path.join(tmp, "meta.json"), meta)
-            _write_json(os.path.join(tmp, "buffer.json"), mgr.buffer.state_dict())
-            with open(os.path.join(tmp, "oplog.jsonl"), "w") as f:
-                for rec in bank.op_log:
-                    f.write(json.dumps(rec) + "\n")
+        meta = {
+            "format": FORMAT,
+            "dim": state["dim"],
+            "next_uid": bank["next_uid"],
+            "bank_counts": bank["counts"],
+            "manager_counts": state["counts"],
+            "rng_state": state["rng_state"],
+            "refine_samples": state["refine_samples"],
+            "num_refines": state["num_refines"],
+            "partitions": parts,
+            "configs": state["configs"],
+        }
+        _write_json(os.path.join(tmp, "meta.json"), meta)
+        _write_json(os.path.join(tmp, "buffer.json"), state["buffer"])
+        with open(os.path.join(tmp, "oplog.jsonl"), "w") as f:
+            for rec in bank["op_log"]:
+                f.write(json.dumps(rec) + "\n")
         old = None
         if os.path.exists(path):
             old = f"{path}.old-{uuid.uuid4().hex[:8]}"
@@ -111,61 +96,53 @@ def save_manager(mgr, path: str) -> None:
             shutil.rmtree(tmp)
 
 
-def load_manager(mgr, path: str) -> None:
-    """Replaces ``mgr``'s bank, buffer, RNG and counters with the store at ``path``."""
+def read_state(path: str) -> dict:
+    """The store at ``path`` as an ``ExperienceManager.state_dict()`` (files checked, errors name the file)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no experience store at {path} (missing meta.json)")
     meta = read_json(os.path.join(path, "meta.json"))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}/meta.json: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
-    if meta["dim"] != mgr.bank.dim:
-        raise ValueError(f"{path}: store dim {meta['dim']} != manager dim {mgr.bank.dim}")
-    live = {"bank": mgr.bank.cfg, "retrieval": mgr.retrieval_cfg, "buffer": mgr.buffer.cfg}
-    for name, cfg in live.items():
-        mine = json.loads(json.dumps(dataclasses.asdict(cfg)))
-        diff = sorted(k for k in mine if mine[k] != meta["configs"][name].get(k))
-        if diff:
-            raise ValueError(
-                f"{path}: saved {name} config differs from this manager's in {diff} "
-                "(use ExperienceManager.restore to take the saved configs)"
-            )
-    entries = [Entry(**d) for d in read_json(os.path.join(path, "entries.json"))]
+    entries = read_json(os.path.join(path, "entries.json"))
     emb = np.load(os.path.join(path, "embeddings.npy"), allow_pickle=False)
-    if emb.shape != (len(entries), mgr.bank.dim):
+    if emb.shape != (len(entries), meta["dim"]):
         raise ValueError(
-            f"{path}/embeddings.npy has shape {emb.shape}, expected ({len(entries)}, {mgr.bank.dim})"
+            f"{path}/embeddings.npy has shape {emb.shape}, expected ({len(entries)}, {meta['dim']})"
         )
-    buffer_state = read_json(os.path.join(path, "buffer.json"))
-    op_log = read_json(os.path.join(path, "oplog.jsonl"), lines=True)
-    with mgr.lock.write():
-        bank = mgr.bank
-        bank.entries = collections.OrderedDict((e.uid, e) for e in entries)
-        bank.indexes = {}
-        by_task: dict[str, list[int]] = collections.defaultdict(list)  # partition key -> rows
-        for i, e in enumerate(entries):
-            by_task[bank.part(e.task_id)].append(i)
-        built_dirs = {p["task_id"]: p["index"] for p in meta["partitions"]}
-        for task_id in sorted(set(by_task) | set(built_dirs)):
-            rows = by_task.get(task_id, [])
-            ix = bank._index(task_id)
-            ix.load_rows(np.array([entries[r].uid for r in rows], np.int64), emb[rows])
-            sub = built_dirs.get(task_id)
-            if sub is not None:
-                d = os.path.join(path, sub)
-                uids = np.load(os.path.join(d, "built_uids.npy"), allow_pickle=False)
-                leaves = next(
-                    int(p.get("num_leaves", 0)) for p in meta["partitions"] if p["task_id"] == task_id
-                )
-                ix.set_built(BuiltIndex(load_scann(d), uids, int(uids[-1]), leaves))
-        bank.next_uid = int(meta["next_uid"])
-        bank.counts = collections.Counter(meta["bank_counts"])
-        bank.op_log = op_log
-        mgr.counts = collections.Counter(meta["manager_counts"])
-        mgr.rng.bit_generator.state = meta["rng_state"]
-        # (prompt, response, token record); stores written before token records were kept have pairs.
-        mgr.refine_samples = {k: (*v, None)[:3] for k, v in meta["refine_samples"].items()}
-        mgr.num_refines = int(meta["num_refines"])
-        mgr.buffer.load_state_dict(buffer_state)
+    partitions = []
+    for p in meta["partitions"]:
+        built = None
+        if p["index"] is not None:
+            d = os.path.join(path, p["index"])
+            uids = np.load(os.path.join(d, "built_uids.npy"), allow_pickle=False)
+            built = BuiltIndex(load_scann(d), uids, int(uids[-1]), int(p.get("num_leaves", 0)))
+        partitions.append({"task_id": p["task_id"], "built": built})
+    return {
+        "dim": meta["dim"],
+        "configs": meta["configs"],
+        "bank": {
+            "entries": entries,
+            "embeddings": emb,
+            "next_uid": meta["next_uid"],
+            "counts": meta["bank_counts"],
+            "op_log": read_json(os.path.join(path, "oplog.jsonl"), lines=True),
+            "partitions": partitions,
+        },
+        "buffer": read_json(os.path.join(path, "buffer.json")),
+        "counts": meta["manager_counts"],
+        "rng_state": meta["rng_state"],
+        "refine_samples": meta["refine_samples"],
+        "num_refines": meta["num_refines"],
+    }
+
+
+def load_manager(mgr, path: str) -> None:
+    """Replaces ``mgr``'s bank, buffer, RNG and counters with the store at ``path``."""
+    state = read_state(path)
+    try:
+        mgr.load_state_dict(state)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def saved_configs(path: str) -> tuple[dict, int]:

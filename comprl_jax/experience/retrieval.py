@@ -161,6 +161,26 @@ class EmbedCache:
             return np.zeros((0, 0), np.float32)
         return np.stack(out).astype(np.float32)
 
+    def state_dict(self) -> dict:
+        """``{"keys": [text, ...] (LRU order, oldest first), "vectors": [N, D] float32}`` (copies). A resumed run
+        must see the same cache hits: an embedding computed in another batch may differ in the last bit."""
+        with self._lock:
+            keys = list(self._cache)
+            vecs = [self._cache[k] for k in keys]
+        return {
+            "keys": keys,
+            "vectors": np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, 0), np.float32),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        keys, vecs = list(state["keys"]), np.asarray(state["vectors"], np.float32)
+        if len(vecs) != len(keys):
+            raise ValueError(f"query cache state: {len(vecs)} vectors for {len(keys)} keys")
+        with self._lock:
+            self._cache.clear()
+            for k, v in zip(keys, vecs, strict=True):
+                self._cache[k] = np.asarray(v, np.float32)
+
 
 def corpus_strings() -> list[str]:
     """The experience block's text (a tiny run's tokenizer is trained on it)."""

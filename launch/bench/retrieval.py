@@ -119,11 +119,14 @@ def bench_size(n: int, rng: np.random.Generator, num_queries: int, cfg: IndexCon
 
 
 def bench_e2e(n: int, rng: np.random.Generator, centers: np.ndarray, reps: int) -> None:
-    from comprl_jax.experience import BankConfig, ExperienceManager
+    from comprl_jax.experience import BankConfig
+    from comprl_jax.experience.threaded import ThreadedExperienceManager
     from comprl_jax.models.embedders import get_embedder
 
     emb = get_embedder("minilm")
-    mgr = ExperienceManager(emb.embed, emb.dim, bank_cfg=BankConfig(index=IndexConfig(scann_min_size=10**12)))
+    mgr = ThreadedExperienceManager(
+        emb.embed, emb.dim, bank_cfg=BankConfig(index=IndexConfig(scann_min_size=10**12))
+    )
     if emb.dim != DIM:
         raise ValueError(f"MiniLM dim {emb.dim} != {DIM}")
     keys = mixture(n, rng, centers)

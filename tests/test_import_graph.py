@@ -1,0 +1,88 @@
+"""No module of the package imports another that imports it back (issue 15), lazy imports inside functions
+included: a cycle broken by a function-level import is still a cycle in the design."""
+
+import ast
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _modules() -> dict[str, str]:
+    mods = {}
+    for root, _, files in os.walk(os.path.join(REPO, "comprl_jax")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (a submodule importing its own parent package is not an edge:
+    Python runs the parent's ``__init__`` first either way)."""
+    mods = _modules()
+
+    def resolve(name):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {m: set() for m in mods}
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                    for a in node.names
+                ]
+            else:
+                continue
+            for t in targets:
+                r = resolve(t) if t.startswith("comprl_jax") else ""
+                if r and r != m and not m.startswith(r + "."):
+                    graph[m].add(r)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_in_the_package():
+    graph = _import_graph()
+    assert "comprl_jax.trainer" in graph and "comprl_jax.rollout" in graph["comprl_jax.trainer"]
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
