@@ -5,14 +5,14 @@ import re
 import numpy as np
 import pytest
 
-from comprl_jax.sampling_lib.automaton import (
+from comprl_jax.sampling.automaton import (
     accepts,
     action_spellings,
     from_actions,
     from_regex,
     from_strings,
 )
-from comprl_jax.sampling_lib.stops import build_stop_automaton, find_stop
+from comprl_jax.sampling.stops import build_stop_automaton, find_stop
 
 EOS = 0
 # A small vocabulary: id 0 = EOS (special, b""), id 1 = an unused special, then every printable ASCII byte,

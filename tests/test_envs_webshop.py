@@ -212,7 +212,7 @@ def _clickable_texts(catalogue):
 
 
 def test_action_regex_accepts_every_option_value_and_both_pagination_buttons(env):
-    from comprl_jax.sampling_lib.automaton import accepts, from_regex
+    from comprl_jax.sampling.automaton import accepts, from_regex
 
     texts = _clickable_texts(env.catalogue)
     assert {"< prev", "next >", "dark heather | white", "20x24in+20x48in", "a01#black"} <= set(texts)

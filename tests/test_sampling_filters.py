@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from comprl_jax.sampling_lib.filters import SamplingParams, filter_logits, select_tokens
+from comprl_jax.sampling.filters import SamplingParams, filter_logits, select_tokens
 
 # p = [0.5, 0.3, 0.15, 0.05]
 LOGITS = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))

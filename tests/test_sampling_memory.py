@@ -8,8 +8,8 @@ import numpy as np
 from comprl_jax.models import ModelConfig, extend, init_cache, init_decoder
 from comprl_jax.models import decoder as D
 from comprl_jax.sampling import SamplerService
-from comprl_jax.sampling_lib.decode import make_decode_fn
-from comprl_jax.sampling_lib.filters import SamplingParams
+from comprl_jax.sampling.decode import make_decode_fn
+from comprl_jax.sampling.filters import SamplingParams
 
 
 def test_extend_logits_at_equals_full_logits():

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from comprl_jax.sampling_lib.automaton import accepts, from_regex, from_strings, vocab_bytes
-from comprl_jax.sampling_lib.stops import build_stop_automaton, find_stop
+from comprl_jax.sampling.automaton import accepts, from_regex, from_strings, vocab_bytes
+from comprl_jax.sampling.stops import build_stop_automaton, find_stop
 from comprl_jax.tokenizer import Tokenizer
 
 ANSWER_RE = r"<answer>(north|south|east|west|far east)</answer>"

@@ -175,9 +175,9 @@ def test_tokenizer_against_transformers_on_1000_strings(ours, hf_tok):
     number touches whitespace, and a hand-checked case of each."""
     import tokenizers
 
-    from comprl_jax.tokenization.backends import HFBackend
-    from comprl_jax.tokenization.gguf_tok import _PRE, spec_from_gguf
     from comprl_jax.tokenizer import Tokenizer
+    from comprl_jax.tokenizer.backends import HFBackend
+    from comprl_jax.tokenizer.gguf_tok import _PRE, spec_from_gguf
 
     tok = ours.tokenizer
     strings = _strings(1000)

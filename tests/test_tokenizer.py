@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from comprl_jax.tokenization.backends import gpt2_byte_decoder
 from comprl_jax.tokenizer import QWEN25_DEFAULT_SYSTEM, SMOLLM2_DEFAULT_SYSTEM, Tokenizer
+from comprl_jax.tokenizer.backends import gpt2_byte_decoder
 
 GOALS_PATH = "/work/shared/data/webshop/human_goals_text_only.json.xz"
 # Qwen2/2.5's pre-tokenizer split pattern (from its tokenizer.json).

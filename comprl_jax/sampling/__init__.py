@@ -15,11 +15,11 @@ Public API::
     ids, assistant_mask = conv.tokens(b)                  # exactly the sampled ids; mask 1 on generated tokens
     old_logprobs = conv.logprobs(b)                       # sampling-time logprobs aligned with ids (0 off-mask)
 
-Each call is one jitted function (:func:`comprl_jax.sampling_lib.decode.decode`): prefill through the model's
+Each call is one jitted function (:func:`comprl_jax.sampling.decode.decode`): prefill through the model's
 ``extend`` then a ``lax.while_loop`` decode that ends when every row is done. Shapes are bucketed (batch and
 input length to powers of two, ``max_new_tokens`` as given, the cache length per conversation) so a run compiles
 once per bucket. Logprobs are under the unmodified model distribution. Stop strings: see
-:mod:`comprl_jax.sampling_lib.stops` for exactly where detection can miss.
+:mod:`comprl_jax.sampling.stops` for exactly where detection can miss.
 
 Threading contract: a :class:`SamplerService` owns one model's graphdef/params and a lock; any thread may call
 :meth:`SamplerService.generate` / :meth:`Conversation.turn`; calls on one service are serialised by its lock
@@ -27,6 +27,12 @@ Threading contract: a :class:`SamplerService` owns one model's graphdef/params a
 thread drives the actor's service. :meth:`SamplerService.update_params` swaps weights under the same lock (the
 next call sees the new weights; a running call finishes with the old ones). A :class:`Conversation` itself is
 not thread-safe: one thread per conversation.
+
+Modules of the package: :mod:`.automaton` (constrained decoding: a token automaton, allowed-token mask +
+transition table, from a list of allowed strings or a regular expression via ``outlines-core``), :mod:`.stops`
+(on-device stop-string detection, an Aho-Corasick automaton lifted to whole tokens), :mod:`.filters`
+(temperature / top-k / top-p / greedy, logprobs under the unmodified distribution), :mod:`.decode` (the jitted
+prefill + ``lax.while_loop`` decode).
 
 Under a mesh the batch is sharded over ``("data", "fsdp")`` (the ``batch`` logical axis) and the cache likewise;
 weights keep the shardings they were created with.
@@ -45,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from comprl_jax import sharding as shd
-from comprl_jax.sampling_lib.automaton import (
+from comprl_jax.sampling.automaton import (
     TokenAutomaton,
     accepts,
     action_spellings,
@@ -54,15 +60,15 @@ from comprl_jax.sampling_lib.automaton import (
     from_strings,
     vocab_bytes,
 )
-from comprl_jax.sampling_lib.decode import (
+from comprl_jax.sampling.decode import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationResult,
     decode,
     make_decode_fn,
 )
-from comprl_jax.sampling_lib.filters import SamplingParams, filter_logits, select_tokens
-from comprl_jax.sampling_lib.stops import StopAutomaton, build_stop_automaton, find_stop
+from comprl_jax.sampling.filters import SamplingParams, filter_logits, select_tokens
+from comprl_jax.sampling.stops import StopAutomaton, build_stop_automaton, find_stop
 
 __all__ = [
     "FINISH_LENGTH",
@@ -201,7 +207,7 @@ class SamplerService:
         self, actions: tuple[str, ...], template: str = "<answer>{}</answer>"
     ) -> TokenAutomaton:
         """Device automaton for a static action set in ``template``, each action in every natural spelling
-        (:func:`~comprl_jax.sampling_lib.automaton.action_spellings`: ``south-east`` / ``south east`` too)."""
+        (:func:`~comprl_jax.sampling.automaton.action_spellings`: ``south-east`` / ``south east`` too)."""
         return self._replicate(
             from_actions(actions, self._need_vocab("actions_constraint"), self.stop_token_ids, template)
         )

@@ -13,7 +13,9 @@ ends with ``<|im_end|>``), append ``tok.encode_chat_continuation([{"role": "user
 so the ids the policy was trained on are the ids it sampled. If the turn was cut before ``<|im_end|>`` (length limit),
 pass ``close_turn=True`` to append that ``<|im_end|>`` first (mask 0: it was not sampled).
 
-See :mod:`comprl_jax.tokenization.chat` for the exact rendering (tool turns, tool calls, mask rules).
+See :mod:`comprl_jax.tokenizer.chat` for the exact rendering (tool turns, tool calls, mask rules).
+Modules of the package: :mod:`.backends` (HF ``tokenizer.json``, SentencePiece), :mod:`.chat` (ChatML
+rendering), :mod:`.gguf_tok` (a GGUF file's vocabulary), :mod:`.spm_train` (SentencePiece training).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from comprl_jax.tokenization.backends import CHATML_TOKENS, HFBackend, SPBackend
-from comprl_jax.tokenization.chat import Part, render_parts, render_text
-from comprl_jax.tokenization.spm_train import train_sentencepiece as _train_sentencepiece
+from comprl_jax.tokenizer.backends import CHATML_TOKENS, HFBackend, SPBackend
+from comprl_jax.tokenizer.chat import Part, render_parts, render_text
+from comprl_jax.tokenizer.spm_train import train_sentencepiece as _train_sentencepiece
 
 __all__ = ["CHATML_TOKENS", "QWEN25_DEFAULT_SYSTEM", "SMOLLM2_DEFAULT_SYSTEM", "Tokenizer"]
 
@@ -101,7 +103,7 @@ class Tokenizer:
         helpful AI assistant named SmolLM, ..."; None when it inserts none). BOS is ``tokenizer.ggml.bos_token_id``
         only when the file says ``add_bos_token`` (SmolLM2 does not).
         """
-        from comprl_jax.tokenization.gguf_tok import read_gguf_tokenizer
+        from comprl_jax.tokenizer.gguf_tok import read_gguf_tokenizer
 
         path = os.fspath(path)
         spec, extras = read_gguf_tokenizer(path)
@@ -140,7 +142,7 @@ class Tokenizer:
         default_system: str | None = None,
         **kwargs,
     ) -> Tokenizer:
-        """Train a small lossless SentencePiece vocabulary (see ``tokenization.spm_train``) and load it.
+        """Train a small lossless SentencePiece vocabulary (see ``tokenizer.spm_train``) and load it.
 
         ``model_type="char"`` guarantees one token per ASCII character (for grid maps).
         """

@@ -19,9 +19,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from comprl_jax.sampling_lib.automaton import TokenAutomaton
-from comprl_jax.sampling_lib.filters import SamplingParams, select_tokens
-from comprl_jax.sampling_lib.stops import StopAutomaton
+from comprl_jax.sampling.automaton import TokenAutomaton
+from comprl_jax.sampling.filters import SamplingParams, select_tokens
+from comprl_jax.sampling.stops import StopAutomaton
 
 FINISH_STOP = 0  # a stop token id or stop string ended the row
 FINISH_LENGTH = 1  # the row reached its max_new

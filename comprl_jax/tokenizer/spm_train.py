@@ -15,7 +15,7 @@ import os
 import string
 from collections.abc import Iterable
 
-from comprl_jax.tokenization.backends import CHATML_TOKENS
+from comprl_jax.tokenizer.backends import CHATML_TOKENS
 
 MODEL_TYPES = ("bpe", "unigram", "char")
 
