@@ -89,9 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.method = "complementary"
 
     c.env = ml_collections.ConfigDict()
-    c.env.tasks = (
-        "comprl/MiniHack-Room-Ultimate-5x5-v0",
-    )  # multi-task: several ids, one bank partition each
+    # Multi-task: several ids, one bank partition each.
+    c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
     c.env.max_turns = 30
     c.env.backend = "thread"  # "thread" | "process" (GIL-bound TextWorld/ALFWorld)
     c.env.workers = 8
@@ -104,9 +103,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.tasks_per_step = 16  # x group_size = rollout batch 128
     c.rollout.group_size = 8  # K: K/2 guided + K/2 free
     c.rollout.max_context = 32768  # actor max sequence length
-    c.rollout.rows_per_wave = (
-        0  # episodes played at once (0 = the whole step); must divide the step's episodes
-    )
+    # Episodes played at once (0 = the whole step); must divide the step's episodes
+    c.rollout.rows_per_wave = 0
 
     c.experience = ml_collections.ConfigDict()
     c.experience.enabled = True  # retrieval, bank and extractor at all (False: the outcome-only baseline)
@@ -214,13 +212,11 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 145
-    c.train.eval_every = (
-        0  # held-out evaluation every N steps too (eval/* in the metrics row); 0 = only at the end
-    )
+    # Held-out evaluation every N steps too (eval/* in the metrics row); 0 = only at the end
+    c.train.eval_every = 0
     c.train.eval_tasks = 128  # held-out tasks per env (and split); each played group_size/2 times
-    c.train.log_every = (
-        1  # write a metrics row (and fetch device metrics) every N steps; the last step always
-    )
+    # Write a metrics row (and fetch device metrics) every N steps; the last step always
+    c.train.log_every = 1
 
     c.mesh = ml_collections.ConfigDict()
     # Each role's mesh is (data, fsdp, tensor) over its devices (one -1 = fill). "colocated": actor and extractor
@@ -229,10 +225,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
-    c.mesh.extractor_tensor = (
-        0  # the extractor's tensor axis when it differs (0 = mesh.tensor): its 64k-token
-    )
-    # update needs tensor=2 on 80 GB GPUs while the actor runs plain FSDP (WORKSPACE "Memory plans")
+    # The extractor's tensor axis when it differs (0 = mesh.tensor): its 64k-token update needs tensor=2 on 80 GB
+    # GPUs while the actor runs plain FSDP (WORKSPACE "Memory plans").
+    c.mesh.extractor_tensor = 0
     c.mesh.placement = "colocated"
     c.mesh.actor_fraction = 0.5  # disjoint placement: share of each process's devices for the actor
     c.mesh.num_devices = 0  # devices used (0 = all; else the same number from every process)
