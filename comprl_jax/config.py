@@ -120,11 +120,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.grad_clip = 1.0
     c.actor.adv_norm = "mean_std"
     c.actor.adv_eps = 1e-6
-    # The PPO-clip loss (SPEC §2): built as rl.losses.ActorLossConfig(**c.actor.loss), which checks every value.
-    # subgroup_mean: J = 1/2 sum_c (subgroup means), paper Eq. 4; False = one aggregate (the released code).
-    c.actor.loss = ml_collections.ConfigDict(
-        {"clip_eps": 0.2, "ratio": "token", "loss_agg": "token_mean", "subgroup_mean": True}
-    )
+    # The PPO-clip loss (SPEC §2), built as rl.losses.ActorLossConfig(**c.actor.loss), which checks every value.
+    c.actor.loss = ml_collections.ConfigDict()
+    c.actor.loss.clip_eps = 0.2  # PPO clip epsilon
+    c.actor.loss.ratio = "token"  # per-token rho, or "sequence" (length-normalised exp(mean_t log rho_t))
+    c.actor.loss.loss_agg = "token_mean"  # or "seq_mean_token_mean"; applied inside each subgroup
+    # J = 1/2 sum_c (subgroup means), paper Eq. 4; False = one aggregate over the batch (the released code).
+    c.actor.loss.subgroup_mean = True
     c.actor.warmup_steps = 0
     c.actor.micro_batch = 8
     # Optimizer steps per rollout batch (ROLL/verl's ppo_mini_batch): the batch is cut into this many strided
@@ -148,8 +150,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.lr = 1e-6
     c.extractor.weight_decay = 0.0
     c.extractor.grad_clip = 1.0
-    # The CISPO loss (SPEC §3): rl.losses.ExtractorLossConfig(**c.extractor.loss).
-    c.extractor.loss = ml_collections.ConfigDict({"clip_eps": 0.1, "loss_agg": "token_mean"})
+    # The CISPO loss (SPEC §3), built as rl.losses.ExtractorLossConfig(**c.extractor.loss).
+    c.extractor.loss = ml_collections.ConfigDict()
+    c.extractor.loss.clip_eps = 0.1  # epsilon of the stop-gradient IS-weight clip clip(rho, 1 - eps, 1 + eps)
+    c.extractor.loss.loss_agg = "token_mean"  # or "seq_mean_token_mean"
     c.extractor.buffer_size = 64
     c.extractor.cooldown = 1  # Eq. 7 delta, in extractor updates (1 = never twice in one update)
     c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
@@ -489,6 +493,39 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
             role.logits_chunk = 512
         return c
     raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
+
+
+# Keys renamed since older run directories wrote their config.json: old dotted key -> current dotted key.
+RENAMED_KEYS = {
+    "actor.clip_eps": "actor.loss.clip_eps",
+    "actor.ratio": "actor.loss.ratio",
+    "actor.loss_agg": "actor.loss.loss_agg",
+    "actor.subgroup_mean": "actor.loss.subgroup_mean",
+    "extractor.cispo_eps": "extractor.loss.clip_eps",
+    "extractor.loss_agg": "extractor.loss.loss_agg",
+}
+
+
+def upgrade_saved(tree: dict) -> dict:
+    """A saved config tree (a run's ``config.json``) with :data:`RENAMED_KEYS` moved to their current place
+    (a copy), so an older run resumes and evaluates without a spurious config change."""
+    import copy
+
+    tree = copy.deepcopy(tree)
+    for old, new in RENAMED_KEYS.items():
+        *parents, leaf = old.split(".")
+        node = tree
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *new_parents, new_leaf = new.split(".")
+        dest = tree
+        for p in new_parents:
+            dest = dest.setdefault(p, {})
+        dest.setdefault(new_leaf, value)
+    return tree
 
 
 def load_file(path_variant: str) -> ml_collections.ConfigDict:

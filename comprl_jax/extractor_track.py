@@ -13,7 +13,8 @@ the extractor's off-policy training samples (CISPO's importance weight needs the
 Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
 while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
 
-Multi-process (``multi_process=True``, set by the trainer from ``distributed.multi()``): every process holds an identical manager and calls it identically.
+Multi-process (``multi_process=True``, set by the trainer from ``distributed.multi()``): every process holds an
+identical manager and calls it identically.
 Distillation then runs inline (the trainer dispatches the actor update first, so the device work still overlaps):
 one thread issues every jitted call, in the same order on every process. Retrieval is exact search (the ScaNN
 path is off: its k-means build is not guaranteed identical across processes); at the paper's capacity (20,000

@@ -173,8 +173,8 @@ def own_sharding_rules():
 
     Parameters carry logical axis names (``out_sharding=`` metadata) that *we* resolve with :data:`DEFAULT_RULES`;
     eager sharding would instead demand a mesh context whenever a module is built, even unsharded on one CPU.
-    Every place that creates or merges such a module enters this context (a scoped switch, not a process-wide
-    one set at import).
+    Every place that constructs such a module enters this context (a scoped switch, not a process-wide one set at
+    import); ``nnx.merge`` does not run constructors and needs none.
     """
     return nnx.use_eager_sharding(False)
 

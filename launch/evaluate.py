@@ -13,6 +13,7 @@ import os
 
 from absl import flags
 
+from comprl_jax import config as config_lib
 from comprl_jax import launch_utils as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory written by launch/train.py")
@@ -44,7 +45,7 @@ def main(argv):
     from comprl_jax.trainer import Trainer
 
     with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+        config = ml_collections.ConfigDict(config_lib.upgrade_saved(json.load(f)))
     tr = Trainer(config, workdir)
     try:
         if not tr.restore():

@@ -21,6 +21,7 @@ import shutil
 from absl import flags
 from ml_collections import config_flags
 
+from comprl_jax import config as config_lib
 from comprl_jax import launch_utils as lu
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -64,7 +65,7 @@ def resume_check(config, workdir: str, allow: bool, leader: bool) -> dict | None
         return None  # nothing to resume: the run starts from step 0 with this config
     try:
         with open(path) as f:
-            old = json.load(f)
+            old = config_lib.upgrade_saved(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
         print(f"warning: {path} is unreadable ({e}); resuming with the new config")
         return None

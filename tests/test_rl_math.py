@@ -214,6 +214,20 @@ def test_run_config_loss_sub_dicts_build_the_loss_dataclasses():
             config_lib.validate(c)
 
 
+def test_an_older_runs_config_json_is_upgraded_to_the_loss_sub_dicts():
+    from comprl_jax import config as config_lib
+
+    old = {"actor": {"lr": 1e-3, "clip_eps": 0.3, "ratio": "sequence"}, "extractor": {"cispo_eps": 0.2}}
+    new = config_lib.upgrade_saved(old)
+    assert new == {
+        "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}},
+        "extractor": {"loss": {"clip_eps": 0.2}},
+    }
+    assert old["actor"]["clip_eps"] == 0.3  # a copy
+    current = config_lib.build("tiny", "t").to_dict()
+    assert config_lib.upgrade_saved(current) == current
+
+
 def test_the_loss_config_type_selects_the_loss_functions():
     assert losses.loss_functions(losses.ActorLossConfig()) == (losses.actor_loss, losses.actor_token_weights)
     assert losses.loss_functions(losses.ExtractorLossConfig())[0] is losses.extractor_loss

@@ -8,7 +8,8 @@
 * Writes (extractor ops, merges, outcomes, training marks) take the writer lock, so a search sees either all or none
   of a mutation.
 * Distillation: :meth:`distill` turns finished episodes into ``extractor_fn(prompts) -> responses`` calls (the
-  sampler in the trainer, a plain callable in tests), parses and applies the ops. ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds. A response is a
+  sampler in the trainer, a plain callable in tests), parses and applies the ops.
+  ``ops_submitted == ops_applied + ops_returned + ops_rejected`` always holds. A response is a
   plain string or a :class:`~comprl_jax.experience.sample.Generation` (its token ids and behaviour logprobs then
   travel with the entries it creates: they are the extractor's off-policy training sample).
 * Read-only searches (``record=False``, e.g. evaluation) neither touch usage stats nor draw from the RNG, so they

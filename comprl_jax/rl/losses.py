@@ -107,17 +107,23 @@ def _check_field(cfg, role: str, field: str, ok: bool, reason: str) -> None:
         raise LossConfigError(role, field, reason, getattr(cfg, field))
 
 
+# Loss fields the trainer derives from other config keys (not set in c.<role>.loss).
+DERIVED_FIELDS = {"sft_coef": "actor.self_distill_coef (only when self-distillation rows exist)"}
+
+
 def loss_config(c, role: str, **extra):
     """The run config's ``c.<role>.loss`` sub-dict as its loss dataclass (:class:`ActorLossConfig` /
     :class:`ExtractorLossConfig`): the one place its values are checked. ``extra``: fields the trainer derives
     (the actor's ``sft_coef``). Raises ValueError naming the config key (``actor.loss.clip_eps``)."""
     cls = {"actor": ActorLossConfig, "extractor": ExtractorLossConfig}[role]
-    fields = {f.name for f in dataclasses.fields(cls)}
+    settable = {f.name for f in dataclasses.fields(cls)} - set(DERIVED_FIELDS)
     given = c[role].loss.to_dict()
-    unknown = sorted(set(given) - fields)
+    unknown = sorted(set(given) - settable)
     if unknown:
+        derived = [f"{k} comes from {DERIVED_FIELDS[k]}" for k in unknown if k in DERIVED_FIELDS]
+        why = f" ({'; '.join(derived)})" if derived else ""
         raise ValueError(
-            f"config key {role}.loss: unknown field(s) {unknown}; {cls.__name__} has {sorted(fields)}"
+            f"config key {role}.loss: unknown field(s) {unknown}{why}; {cls.__name__} takes {sorted(settable)}"
         )
     try:
         return cls(**given, **extra)
