@@ -42,6 +42,9 @@ _PROMPT = flags.DEFINE_integer("prompt_tokens", 256, "first prompt (system + fir
 _ENV = flags.DEFINE_string("env", "comprl/MiniHack-Room-5x5-v0", "env id stepped between turns ('' = none)")
 _ENV_WORKERS = flags.DEFINE_integer("env_workers", 2, "env pool threads")
 _SEED = flags.DEFINE_integer("seed", 0, "workload seed")
+_EMIT = flags.DEFINE_boolean(
+    "emit_lengths", False, "add the scripted lengths [turns][slots] to each line (tests)"
+)
 
 
 def reply_lengths(rng: np.random.Generator, slots: int, turns: int, lo: int, hi: int) -> np.ndarray:
@@ -143,6 +146,8 @@ def main(argv):
         "env": _ENV.value or None,
         "backend": jax.default_backend(),
     }
+    if _EMIT.value:
+        common["lengths"] = lengths.tolist()
     try:
         # A warm-up pass compiles every bucket the measured pass uses (same shapes, same lengths).
         run_lockstep(svc, lengths, pool, np.random.default_rng(_SEED.value + 1), actions)
