@@ -86,3 +86,24 @@ def test_no_import_cycles_in_the_package():
     graph = _import_graph()
     assert "comprl_jax.trainer" in graph and "comprl_jax.rollout" in graph["comprl_jax.trainer"]
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+
+
+def test_launch_scripts_the_tests_import_share_one_process_without_flag_clashes():
+    """absl allows one definition of a flag name per process, and pytest-xdist puts tests that import
+    launch/plan_memory.py, launch/reproduce.py and launch/bench/learning.py in one worker in any order (a
+    DuplicateFlagError failed nine tests of one CI run)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, sys\n"
+        "for name, path in [('bench_learning', 'launch/bench/learning.py'), ('plan_memory', 'launch/plan_memory.py'),"
+        " ('reproduce', 'launch/reproduce.py')]:\n"
+        "    spec = importlib.util.spec_from_file_location(name, path)\n"
+        "    mod = importlib.util.module_from_spec(spec)\n"
+        "    sys.modules[name] = mod\n"
+        "    spec.loader.exec_module(mod)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -254,14 +254,9 @@ def test_resume_with_changed_config_is_refused(tmp_path):
 
 
 def _tiny_config_json():
-    import importlib.util
+    from comprl_jax import config as config_lib
 
-    spec = importlib.util.spec_from_file_location(
-        "cfg_room", os.path.join(REPO, "configs", "minihack_room.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return lu.config_tree(mod.get_config("tiny"))
+    return lu.config_tree(config_lib.load_file(os.path.join(REPO, "configs", "minihack_room.py") + ":tiny"))
 
 
 def test_describe_maps_exceptions_to_two_lines():

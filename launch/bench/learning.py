@@ -26,17 +26,22 @@ from absl import app, flags
 
 from comprl_jax import config as config_lib
 
-_CONFIG = flags.DEFINE_string("config", "configs/minihack_room.py:cpu,baseline", "config file[:variant]")
-_ENV = flags.DEFINE_string("env", "comprl/MiniHack-Room-5x5-v0", "env id (replaces config env.tasks)")
-_SEEDS = flags.DEFINE_string("seeds", "0", "comma-separated seeds, one run each")
-_BUDGET = flags.DEFINE_float("budget_s", 900.0, "wall-clock budget per run (seconds)")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", 5, "evaluate every N steps")
-_EVAL_TASKS = flags.DEFINE_integer("eval_tasks", 4, "eval tasks per evaluation (x group_size/2 episodes)")
-_TARGET = flags.DEFINE_float("target", 0.9, "greedy success that ends a run early")
-_PATIENCE = flags.DEFINE_integer("patience", 2, "evaluations in a row at >= target that end a run")
-_OVERRIDES = flags.DEFINE_multi_string(
-    "set", [], "config overrides key=value (json values), e.g. actor.lr=3e-3"
-)
+
+def define_flags() -> None:
+    """The command line's flags, defined only when this file runs as a script: tests import its functions, and
+    absl allows one definition of a name (``--config``) per process (launch/plan_memory.py has one too)."""
+    global _CONFIG, _ENV, _SEEDS, _BUDGET, _EVAL_EVERY, _EVAL_TASKS, _TARGET, _PATIENCE, _OVERRIDES
+    _CONFIG = flags.DEFINE_string("config", "configs/minihack_room.py:cpu,baseline", "config file[:variant]")
+    _ENV = flags.DEFINE_string("env", "comprl/MiniHack-Room-5x5-v0", "env id (replaces config env.tasks)")
+    _SEEDS = flags.DEFINE_string("seeds", "0", "comma-separated seeds, one run each")
+    _BUDGET = flags.DEFINE_float("budget_s", 900.0, "wall-clock budget per run (seconds)")
+    _EVAL_EVERY = flags.DEFINE_integer("eval_every", 5, "evaluate every N steps")
+    _EVAL_TASKS = flags.DEFINE_integer("eval_tasks", 4, "eval tasks per evaluation (x group_size/2 episodes)")
+    _TARGET = flags.DEFINE_float("target", 0.9, "greedy success that ends a run early")
+    _PATIENCE = flags.DEFINE_integer("patience", 2, "evaluations in a row at >= target that end a run")
+    _OVERRIDES = flags.DEFINE_multi_string(
+        "set", [], "config overrides key=value (json values), e.g. actor.lr=3e-3"
+    )
 
 
 def load(config_arg: str, env_id: str, seed: int, overrides: list[str]):
@@ -135,4 +140,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
