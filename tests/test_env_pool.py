@@ -288,13 +288,14 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            import sys, time
+            import faulthandler, signal, sys, time
             sys.path.insert(0, {os.path.dirname(__file__)!r})
             from comprl_jax.envs.pool import EnvPool
             # The guard matters: spawned workers import this file as __mp_main__; without it each worker would
             # build a pool of its own (multiprocessing's bootstrapping RuntimeError), and the parent would keep
             # replacing dead workers instead of exiting on SIGINT.
             if __name__ == "__main__":
+                faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stack dump if it hangs
                 with EnvPool({FLAKY!r}, num_slots=2, num_workers=2, backend="process",
                              env_kwargs={{"p_raise": 0.0}}) as pool:
                     pool.submit_reset(0, 1).result(); pool.submit_reset(1, 2).result()
@@ -305,13 +306,24 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    err = tmp_path / "driver.err"
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err_file, text=True
+        )
     try:
         assert proc.stdout.readline().strip() == "READY"
         workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         assert len(workers) >= 2
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (one CI run in ~3 hung here)
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            pytest.fail(
+                f"the driver did not exit within 60 s of SIGINT; its threads:\n{err.read_text()[-8000:]}"
+            )
         assert proc.returncode != 0  # the KeyboardInterrupt propagated after the pool closed
         gone, alive = psutil.wait_procs(
             [psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=10
