@@ -135,7 +135,11 @@ def _plan_memory():
     )
     pm = importlib.util.module_from_spec(spec)
     sys.modules["plan_memory"] = pm
-    spec.loader.exec_module(pm)
+    try:
+        spec.loader.exec_module(pm)
+    except BaseException:  # never leave a half-initialised module cached for the next caller
+        del sys.modules["plan_memory"]
+        raise
     return pm
 
 

@@ -77,7 +77,11 @@ def _pm():  # absl flags may be defined once per process: one module, shared wit
     spec = importlib.util.spec_from_file_location("plan_memory", SCRIPT)
     pm = importlib.util.module_from_spec(spec)
     sys.modules["plan_memory"] = pm
-    spec.loader.exec_module(pm)
+    try:
+        spec.loader.exec_module(pm)
+    except BaseException:  # never leave a half-initialised module for the next test to find
+        del sys.modules["plan_memory"]
+        raise
     return pm
 
 
