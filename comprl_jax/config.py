@@ -249,7 +249,8 @@ def _get(c: ml_collections.ConfigDict, dotted: str):
     return node
 
 
-def _set(c: ml_collections.ConfigDict, dotted: str, value) -> None:
+def set_key(c: ml_collections.ConfigDict, dotted: str, value) -> None:
+    """``c["a.b.c"] = value`` for a dotted key (the config must be unlocked for a new key)."""
     *parents, leaf = dotted.split(".")
     node = c
     for part in parents:
@@ -263,7 +264,7 @@ def apply_method(c: ml_collections.ConfigDict, method: str) -> ml_collections.Co
         raise ValueError(f"method {method!r} unknown; choose one of {METHODS} (config key method)")
     c.method = method
     for key, value in METHOD_FLAGS.get(method, {}).items():
-        _set(c, key, value)
+        set_key(c, key, value)
     return c
 
 
@@ -541,15 +542,6 @@ def load_file(path_variant: str) -> ml_collections.ConfigDict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(variant)
-
-
-def set_key(c: ml_collections.ConfigDict, key: str, value) -> None:
-    """``c["a.b.c"] = value`` for a dotted key (the config must be unlocked for a new key)."""
-    *parents, leaf = key.split(".")
-    node = c
-    for p in parents:
-        node = node[p]
-    node[leaf] = value
 
 
 def build(arg: str | None, experiment: str, edit=None) -> ml_collections.ConfigDict:
