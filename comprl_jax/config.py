@@ -105,6 +105,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.max_context = 32768  # actor max sequence length
     # Episodes played at once (0 = the whole step); must divide the step's episodes
     c.rollout.rows_per_wave = 0
+    # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/slot_rollout.py);
+    # "lockstep": one sampler call per turn for every live episode, then every env step (rollout.run_episodes).
+    # Multi-process runs always use lockstep (identical call order on every process; see slot_rollout.py).
+    c.rollout.engine = "continuous"
+    # Continuous engine: KV-cache slots (0 = one per episode of a wave); more episodes than slots start as others end
+    c.rollout.slots = 0
+    # Continuous engine: decode positions per jitted call at most, and the fraction of slots whose replies end in a
+    # call that ends it early (so they are refilled)
+    c.rollout.chunk_steps = 16
+    c.rollout.exit_frac = 0.125
 
     c.experience = ml_collections.ConfigDict()
     c.experience.enabled = True  # retrieval, bank and extractor at all (False: the outcome-only baseline)
@@ -309,6 +319,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"must be even and >= 2 (half guided, half free), got {c.rollout.group_size}",
     )
     _check(c.rollout.tasks_per_step >= 1, "rollout.tasks_per_step", "must be >= 1")
+    _check(
+        c.rollout.engine in ("continuous", "lockstep"),
+        "rollout.engine",
+        f"must be 'continuous' or 'lockstep', got {c.rollout.engine!r}",
+    )
+    _check(c.rollout.slots >= 0, "rollout.slots", "must be >= 0 (0 = one per episode)")
+    _check(c.rollout.chunk_steps >= 1, "rollout.chunk_steps", "must be >= 1")
+    _check(0.0 < c.rollout.exit_frac <= 1.0, "rollout.exit_frac", "must be in (0, 1]")
     _check(c.rollout.rows_per_wave >= 0, "rollout.rows_per_wave", "must be >= 0 (0 = all episodes at once)")
     episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
     _check(

@@ -57,6 +57,7 @@ from comprl_jax.rollout import (
     run_episodes,
     search_ask_prompt,
 )
+from comprl_jax.slot_rollout import run_episodes_continuous
 from comprl_jax.tasks import TaskSampler
 from comprl_jax.train_batches import actor_batch, extractor_batch, strip_experience
 from comprl_jax.vocab_corpus import tokenizer_corpus
@@ -371,7 +372,15 @@ class Trainer:
                 ask = lambda asks: self.track.ask_many(  # noqa: E731
                     asks, record=False, key=jax.random.fold_in(ask_key, next(calls))
                 )
-        trajs, timing = run_episodes(
+        ro = self.config.rollout
+        common = dict(
+            max_turns=self.config.env.max_turns,
+            max_len=ro.max_context,
+            constraint_for=self._constraint if self.config.actor.constrained else None,
+            ask=ask,
+            ask_max=self.config.retrieval.search_and_ask_max,
+        )
+        args = (
             pools,
             specs,
             resets,
@@ -379,13 +388,13 @@ class Trainer:
             self.actor.model.tokenizer,
             self.actor_sampling,
             key,
-            max_turns=self.config.env.max_turns,
-            max_len=self.config.rollout.max_context,
-            constraint_for=self._constraint if self.config.actor.constrained else None,
-            ask=ask,
-            ask_max=self.config.retrieval.search_and_ask_max,
-            gather=gather,
         )
+        if ro.engine == "lockstep" or gather is not None:  # multi-process: lock-step (see slot_rollout.py)
+            trajs, timing = run_episodes(*args, **common, gather=gather)
+        else:
+            trajs, timing = run_episodes_continuous(
+                *args, **common, slots=ro.slots, chunk_steps=ro.chunk_steps, exit_frac=ro.exit_frac
+            )
         timing["rollout_s"] = time.perf_counter() - t0
         if record:
             self._event("actor_rollout", step, w0, time.time())
@@ -520,6 +529,8 @@ class Trainer:
         metrics["time/env_s"] = timing["env_s"]
         gen = sum(sum(t.loss_mask) for t in trajs)
         metrics["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
+        if timing.get("slot_steps"):  # continuous engine: sampled tokens / (decode steps x slots)
+            metrics["rollout/slot_utilisation"] = timing["generated"] / timing["slot_steps"]
         return metrics
 
     def _self_distillation_rows(self, trajs, rewards, sub, valid) -> list[tuple[list[int], list[int]]]:

@@ -157,6 +157,7 @@ class SamplerService:
         self.pad_id = int(pad_id)
         self.mesh = mesh
         self._init_cache = init_cache_fn
+        self.extend_fn = extend_fn  # the slot engine (:mod:`.slots`) jits its own functions around it
         self._fn = make_decode_fn(extend_fn, wrap)
         self._lock = threading.Lock()
         self._batch_multiple = 1
@@ -180,7 +181,8 @@ class SamplerService:
             )
         return self.vocab
 
-    def _replicate(self, tree):
+    def replicate(self, tree):
+        """``tree``'s leaves on device, replicated over the mesh (tables the jitted calls read, e.g. automata)."""
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, tree)
         return jax.device_put(tree, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
@@ -188,17 +190,17 @@ class SamplerService:
     @functools.lru_cache(maxsize=32)  # noqa: B019 -- the service lives as long as its caches should
     def stop_automaton(self, stop_strings: tuple[str, ...]) -> StopAutomaton:
         """Device tables for ``stop_strings`` (cached per tuple)."""
-        return self._replicate(build_stop_automaton(stop_strings, self._need_vocab("stop_automaton")))
+        return self.replicate(build_stop_automaton(stop_strings, self._need_vocab("stop_automaton")))
 
     @functools.lru_cache(maxsize=32)  # noqa: B019
     def regex_constraint(self, pattern: str) -> TokenAutomaton:
         """Device automaton for a regex (``outlines-core``), allowing ``stop_token_ids`` at accepting states."""
-        return self._replicate(from_regex(pattern, self._need_vocab("regex_constraint"), self.stop_token_ids))
+        return self.replicate(from_regex(pattern, self._need_vocab("regex_constraint"), self.stop_token_ids))
 
     @functools.lru_cache(maxsize=32)  # noqa: B019
     def strings_constraint(self, strings: tuple[str, ...]) -> TokenAutomaton:
         """Device automaton accepting exactly one of ``strings`` (e.g. the action set)."""
-        return self._replicate(
+        return self.replicate(
             from_strings(strings, self._need_vocab("strings_constraint"), self.stop_token_ids)
         )
 
@@ -208,7 +210,7 @@ class SamplerService:
     ) -> TokenAutomaton:
         """Device automaton for a static action set in ``template``, each action in every natural spelling
         (:func:`~comprl_jax.sampling.automaton.action_spellings`: ``south-east`` / ``south east`` too)."""
-        return self._replicate(
+        return self.replicate(
             from_actions(actions, self._need_vocab("actions_constraint"), self.stop_token_ids, template)
         )
 

@@ -266,3 +266,43 @@ def accepts(automaton: TokenAutomaton, tokens: Sequence[int]) -> bool:
             return False
         s = int(nxt[s, t])
     return bool(np.asarray(automaton.accept)[s])
+
+
+def union(automata: Sequence[TokenAutomaton | None]) -> tuple[TokenAutomaton | None, tuple[int, ...]]:
+    """One automaton holding every one of ``automata`` (state tables stacked, each one's transitions offset to its
+    own block), and the start state of each: rows under different constraints then decode in one batch, each
+    starting in its own block's state. ``None`` (unconstrained) becomes one state that allows every token.
+
+    Returns:
+      ``(automaton, starts)``; ``(None, (0, ...))`` when every entry is ``None``.
+    """
+    real = [a for a in automata if a is not None]
+    if not real:
+        return None, (0,) * len(automata)
+    V = int(real[0].allowed.shape[1])
+    allowed, nxt, acc, starts = [], [], [], []
+    offset = 0
+    for a in automata:
+        if a is None:
+            a = TokenAutomaton(
+                allowed=np.ones((1, V), bool),
+                next_state=np.zeros((1, V), np.int32),
+                accept=np.ones((1,), bool),
+            )
+        if int(a.allowed.shape[1]) != V:
+            raise ValueError(
+                f"automata over different vocabularies ({V} and {int(a.allowed.shape[1])} tokens)"
+            )
+        allowed.append(np.asarray(a.allowed))
+        nxt.append(np.asarray(a.next_state) + offset)
+        acc.append(np.asarray(a.accept))
+        starts.append(offset)
+        offset += int(a.allowed.shape[0])
+    return (
+        TokenAutomaton(
+            allowed=np.concatenate(allowed),
+            next_state=np.concatenate(nxt).astype(np.int32),
+            accept=np.concatenate(acc),
+        ),
+        tuple(starts),
+    )

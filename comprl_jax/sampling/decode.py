@@ -93,7 +93,7 @@ def decode(
         row's context + this turn fits in them) and writes them back at the end. Attention cost per step then
         scales with the live context, not with the cache's capacity.
       prefill_groups: static; the input goes through the model in this many row groups (a divisor of B), which
-        bounds the prefill's attention buffers to ``B / prefill_groups`` rows (see :func:`_prefill`).
+        bounds the prefill's attention buffers to ``B / prefill_groups`` rows (see :func:`prefill`).
     Returns:
       A :class:`GenerationResult` with device arrays and the updated cache.
     """
@@ -107,7 +107,7 @@ def decode(
     # Only each row's last valid input column goes through the output head (the distribution of its first new
     # token): full [B, T, V] float32 logits of a 32 x 2k prefill are 12 GiB for SmolLM2's 49k vocabulary.
     last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
-    first_logits, cache = _prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, prefill_groups)
+    first_logits, cache = prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, prefill_groups)
     first_logits = first_logits.astype(jnp.float32)
 
     def emit(c, step_logits):
@@ -120,16 +120,19 @@ def decode(
         out_tok = jax.lax.dynamic_update_slice(c["out_tok"], tok[:, None], (0, col))
         out_lp = jax.lax.dynamic_update_slice(c["out_lp"], jnp.where(active, lp, 0.0)[:, None], (0, col))
         lengths = c["lengths"] + active.astype(jnp.int32)
-        is_stop = jnp.isin(tok, stop_arr)
-        cstate, sstate = c["cstate"], c["sstate"]
-        if constraint is not None:
-            cstate = jnp.where(active, constraint.next_state[cstate, tok], cstate)
-        if stops is not None:
-            is_stop = is_stop | stops.hit[sstate, tok]
-            sstate = jnp.where(active, stops.next_state[sstate, tok], sstate)
-        end_stop = active & is_stop
-        end_len = active & ~is_stop & (lengths >= max_new)
-        finish = jnp.where(end_stop, FINISH_STOP, jnp.where(end_len, FINISH_LENGTH, c["finish"]))
+        done, finish, cstate, sstate = advance_rows(
+            tok,
+            active,
+            lengths,
+            max_new,
+            c["done"],
+            c["finish"],
+            c["cstate"],
+            c["sstate"],
+            stops,
+            constraint,
+            stop_arr,
+        )
         return dict(
             step=col + 1,
             tok=tok,
@@ -137,7 +140,7 @@ def decode(
             out_tok=out_tok,
             out_lp=out_lp,
             lengths=lengths,
-            done=c["done"] | end_stop | end_len,
+            done=done,
             finish=finish,
             cstate=cstate,
             sstate=sstate,
@@ -188,7 +191,26 @@ def decode(
     )
 
 
-def _prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: int):
+def advance_rows(tok, active, lengths, max_new, done, finish, cstate, sstate, stops, constraint, stop_arr):
+    """Per-row bookkeeping after token ``tok [B]`` was emitted by the ``active [B]`` rows (``lengths`` already
+    counts it): automaton states move, a stop token / stop string / the length limit ends the row.
+
+    Returns:
+      ``(done, finish, cstate, sstate)``, each ``[B]``.
+    """
+    is_stop = jnp.isin(tok, stop_arr)
+    if constraint is not None:
+        cstate = jnp.where(active, constraint.next_state[cstate, tok], cstate)
+    if stops is not None:
+        is_stop = is_stop | stops.hit[sstate, tok]
+        sstate = jnp.where(active, stops.next_state[sstate, tok], sstate)
+    end_stop = active & is_stop
+    end_len = active & ~is_stop & (lengths >= max_new)
+    finish = jnp.where(end_stop, FINISH_STOP, jnp.where(end_len, FINISH_LENGTH, finish))
+    return done | end_stop | end_len, finish, cstate, sstate
+
+
+def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: int):
     """The turn's input through ``extend_fn``, ``groups`` row groups one after another (a ``fori_loop``).
 
     Why: attention over a long input holds ``[rows, heads, QUERY_CHUNK, S]`` float32 scores per query chunk; for

@@ -88,7 +88,8 @@ def select_tokens(
 
     Args:
       logits: ``[B, V]`` raw model logits.
-      key: PRNG key for this step (unused when greedy).
+      key: PRNG key for this step (unused when greedy): one key for the batch (``[]``), or one per row (``[B]``,
+        so a row's draw does not depend on which rows share the batch: the slot engine's rows come and go).
       sp: sampling settings.
       allowed: optional ``[B, V]`` bool constraint mask.
     Returns:
@@ -98,7 +99,10 @@ def select_tokens(
     if sp.greedy:
         tok = jnp.argmax(x, axis=-1)
     else:
-        tok = jax.random.categorical(key, x, axis=-1)
+        if key.ndim:
+            tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, x)
+        else:
+            tok = jax.random.categorical(key, x, axis=-1)
     tok = tok.astype(jnp.int32)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
