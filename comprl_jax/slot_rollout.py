@@ -239,7 +239,8 @@ def schedule(
       on_result: ``(b, result) -> bool``, False when the episode ended.
     Returns:
       Timing: ``gen_s`` (dispatching and waiting for the device), ``env_s`` (waiting for env steps that were not
-      done when due), ``decode_steps``, ``slot_steps`` (decode steps x slots) and ``generated`` (sampled tokens).
+      done when due), ``device_idle_s`` (an upper bound: host work between chunks, and env waits that outlasted
+      the chunk), ``decode_steps``, ``slot_steps`` (decode steps x the slots each ran on) and ``generated`` (sampled tokens).
     """
     waiting = deque(episodes)  # not started yet
     free = list(range(min(engine.B, len(episodes))))
@@ -248,8 +249,9 @@ def schedule(
     ready: list[int] = []  # episodes whose next input enters with the next chunk
     stepping: dict[int, Any] = {}  # episode -> env-step future submitted after the previous chunk
     exit_done = max(1, int(round(exit_frac * len(free))))
-    t_gen = t_env = 0.0
+    t_gen = t_env = idle = 0.0
     generated = 0
+    t_back = None  # when the host last got the device's results (the device idles until the next dispatch)
 
     def release(b: int) -> None:
         free.append(slot_of.pop(b))
@@ -264,6 +266,13 @@ def schedule(
         return got
 
     while True:
+        if not waiting and 2 * len(occupant) <= engine.B and engine.B > 1:
+            # The tail: every episode has started and half the slots are empty; continue on a smaller batch.
+            moved = engine.compact(sorted(occupant))
+            occupant = {moved[s]: b for s, b in occupant.items()}
+            slot_of = {b: s for s, b in occupant.items()}
+            free = []
+            exit_done = max(1, int(round(exit_frac * engine.B)))
         # 1. Enter: ready episodes (in episode order), then new episodes into free slots (lowest first).
         entries = [e for b in sorted(ready) if (e := place(b, False)) is not None]
         ready = []
@@ -275,6 +284,7 @@ def schedule(
             if (e := place(b, True)) is not None:
                 entries.append(e)
         t0 = time.perf_counter()
+        idle += t0 - t_back if t_back is not None else 0.0
         engine.enter(entries, key)
         # 2. Dispatch the decode chunk (asynchronous: the device works while the host waits for env steps).
         handle = engine.advance(exit_done)
@@ -287,9 +297,11 @@ def schedule(
                 release(b)
         stepping = {}
         t2 = time.perf_counter()
+        if handle is None or handle.is_ready():  # the chunk was done before the env steps: count it all idle
+            idle += t2 - t1
         # 4. This chunk's finished replies.
         finished = [(occupant[f.slot], f) for f in engine.collect(handle)]
-        t3 = time.perf_counter()
+        t3 = t_back = time.perf_counter()
         t_gen += (t1 - t0) + (t3 - t2)
         t_env += t2 - t1
         generated += sum(len(f.tokens) for _, f in finished)
@@ -303,7 +315,8 @@ def schedule(
     return {
         "gen_s": t_gen,
         "env_s": t_env,
+        "device_idle_s": idle,
         "decode_steps": float(engine.decode_steps),
-        "slot_steps": float(engine.decode_steps * engine.B),
+        "slot_steps": float(engine.slot_steps),
         "generated": float(generated),
     }

@@ -198,7 +198,7 @@ def test_continuous_rollout_equals_lockstep_greedy(trainer, slots):
     _same(lock, cont)
     assert sum(t.turns for t in cont) > len(cont)  # episodes went on past their first turn
     assert timing["generated"] == sum(sum(t.loss_mask) for t in cont)
-    assert 0 < timing["generated"] <= timing["slot_steps"] + len(cont) * 5  # first tokens come from prefills
+    assert 0 < timing["generated"] <= timing["slot_steps"]
 
 
 @pytest.mark.slow

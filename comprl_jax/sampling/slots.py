@@ -253,6 +253,16 @@ def advance(
     return _unwindow(cache, view, window), state, i
 
 
+@jax.jit
+def _take_rows(tree, idx):
+    """Rows ``idx`` of every ``[B, ...]`` state leaf / ``[L, B, ...]`` cache leaf (cache k, v have L first)."""
+
+    def take(x):
+        return x[:, idx] if x.ndim == 5 else x[idx]
+
+    return jax.tree.map(take, tree)
+
+
 def _stop_arr(stop_ids):
     return jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
 
@@ -351,7 +361,10 @@ class SlotBatch:
         self.lengths = np.zeros(self.B, np.int64)  # host mirror of cache.lengths
         self.reserved = np.zeros(self.B, np.int64)  # the most positions the row's current reply may reach
         self.replying: set[int] = set()
-        self.decode_steps = 0
+        self.decode_steps = 0  # decode positions run: advance steps + one per enter call
+        self.slot_steps = (
+            0  # the same, each times the slots it ran on (the batch shrinks in a rollout's tail)
+        )
         self._enter, self._advance = _jitted(service.extend_fn)
 
     @property
@@ -411,6 +424,10 @@ class SlotBatch:
             ids[i] = e.key_ids
             self.replying.add(e.slot)
         window = self._window_for(int(max(self.lengths[e.slot] for e in entries)))
+        # The prefill call samples one position for the entering rows while the other slots wait: it counts as a
+        # decode step of every slot (as the lock-step engine's first position does).
+        self.decode_steps += 1
+        self.slot_steps += self.B
         put = jnp.asarray
         with self.svc._lock, self.svc._mesh_ctx():
             self.cache, self.state = self._enter(
@@ -458,6 +475,30 @@ class SlotBatch:
             )
         return steps
 
+    def compact(self, keep: Sequence[int]) -> dict[int, int]:
+        """Moves the slots ``keep`` into a cache of ``batch_bucket(len(keep))`` rows when that is smaller (the tail
+        of a rollout: fewer live episodes than slots, and a decode step's cost follows the rows it runs).
+
+        Returns:
+          ``{old slot: new slot}`` (identity when nothing shrinks).
+        """
+        keep = sorted(int(b) for b in keep)
+        newB = self.svc.batch_bucket(max(len(keep), 1))
+        if newB >= self.B:
+            return {b: b for b in keep}
+        idx = np.asarray(keep + [keep[0]] * (newB - len(keep)), np.int32)
+        pad = np.arange(newB) >= len(keep)
+        with self.svc._lock, self.svc._mesh_ctx():
+            self.cache = _take_rows(self.cache, jnp.asarray(idx))
+            state = _take_rows(self.state, jnp.asarray(idx))
+            self.state = state.replace(done=state.done | jnp.asarray(pad))  # padding rows never reply
+        self.lengths, self.reserved = self.lengths[idx].copy(), self.reserved[idx].copy()
+        self.lengths[pad] = self.reserved[pad] = 0
+        mapping = {b: i for i, b in enumerate(keep)}
+        self.replying = {mapping[b] for b in self.replying}
+        self.B = newB
+        return mapping
+
     def collect(self, steps) -> list[Finished]:
         """Waits for the chunk; returns the slots whose replies ended (ascending slot order)."""
         if steps is None:
@@ -467,6 +508,7 @@ class SlotBatch:
             (steps, st.done, st.lengths, st.finish, self.cache.lengths, st.out_tok, st.out_lp)
         )
         self.decode_steps += int(steps)
+        self.slot_steps += int(steps) * self.B
         self.lengths[:] = clen
         out = []
         for b in sorted(self.replying):
