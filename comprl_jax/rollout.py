@@ -253,6 +253,23 @@ def _first_input(pools: Pools, spec: EpisodeSpec, obs: str, tokenizer, tool_text
     return tokenizer.apply_chat_template(msgs, add_generation_prompt=True)[0]
 
 
+def start_episodes(pools: Pools, specs, resets, tokenizer, tool_text: str) -> list[_Episode]:
+    """One :class:`_Episode` per spec from its reset ``(obs, info)`` (a failed reset is an infra-failed episode),
+    its first input already tokenised; both engines start from these."""
+    return [
+        _Episode(
+            spec=s,
+            info0=info,
+            obs=obs,
+            pending=_first_input(pools, s, obs, tokenizer, tool_text),
+            live=not info.get("failed", False),
+            infra=bool(info.get("failed", False)),
+            error=info.get("error"),
+        )
+        for s, (obs, info) in zip(specs, resets, strict=True)
+    ]
+
+
 def _next_input(context: list[int], message: dict, tokenizer, im_end: int | None) -> list[int]:
     """Closes the assistant turn if it stopped on a stop string (its <|im_end|> was never sampled: mask 0)
     and appends the next user / tool message with the generation prompt."""
@@ -301,18 +318,7 @@ def run_episodes(
     conv = sampler.conversation(batch=B, max_len=max_len)
     tool_text = search_ask_prompt(ask_max) if ask is not None else ""
     im_end = tokenizer.special_ids.get("<|im_end|>")
-    eps = [
-        _Episode(
-            spec=s,
-            info0=info,
-            obs=obs,
-            pending=_first_input(pools, s, obs, tokenizer, tool_text),
-            live=not info.get("failed", False),
-            infra=bool(info.get("failed", False)),
-            error=info.get("error"),
-        )
-        for s, (obs, info) in zip(specs, resets, strict=True)
-    ]
+    eps = start_episodes(pools, specs, resets, tokenizer, tool_text)
     if ask is not None:
         stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
     t_gen = t_env = 0.0

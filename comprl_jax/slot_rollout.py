@@ -42,10 +42,10 @@ from comprl_jax.rollout import (
     Pools,
     Trajectory,
     _Episode,
-    _first_input,
     _next_input,
     _slots,
     search_ask_prompt,
+    start_episodes,
 )
 from comprl_jax.sampling.automaton import union
 from comprl_jax.sampling.slots import Entry, Finished, SlotBatch
@@ -114,18 +114,7 @@ def run_episodes_continuous(
     lane = _slots(specs)
     tool_text = search_ask_prompt(ask_max) if ask is not None else ""
     im_end = tokenizer.special_ids.get("<|im_end|>")
-    eps = [
-        _Episode(
-            spec=s,
-            info0=info,
-            obs=obs,
-            pending=_first_input(pools, s, obs, tokenizer, tool_text),
-            live=not info.get("failed", False),
-            infra=bool(info.get("failed", False)),
-            error=info.get("error"),
-        )
-        for s, (obs, info) in zip(specs, resets, strict=True)
-    ]
+    eps = start_episodes(pools, specs, resets, tokenizer, tool_text)
     ctx = [_Context() for _ in eps]
     if ask is not None:
         stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
