@@ -171,7 +171,6 @@ def enter(
     Returns:
       ``(cache, state)``.
     """
-    B = state.done.shape[0]
     view = _window(cache, window)
     sub = view.replace(
         k=view.k.at[:, slots].get(mode="fill", fill_value=0),
@@ -204,7 +203,6 @@ def enter(
         lengths=view.lengths.at[slots].set(sub.lengths, mode="drop"),
     )
     state = jax.tree.map(lambda s, f: s.at[slots].set(f, mode="drop"), state, fresh)
-    del B
     return _unwindow(cache, view, window), state
 
 
