@@ -107,16 +107,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.rows_per_wave = 0
     # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/slot_rollout.py);
     # "lockstep": one sampler call per turn for every live episode, then every env step (rollout.run_episodes).
+    # Both sample reply i of episode b with its own key (b, i): the same trajectories either way.
     # Multi-process runs always use lockstep (identical call order on every process; see slot_rollout.py).
-    # Default lockstep for now: tests/test_learning_minihack.py's baseline did not learn with "continuous"
-    # (2026-12-02, cause not found yet; see WORKSPACE "Rollout engine").
-    c.rollout.engine = "lockstep"
-    # Continuous engine: KV-cache slots (0 = one per episode of a wave); more episodes than slots start as others end
+    c.rollout.engine = "continuous"
+    # Continuous engine: KV-cache slots (0 = one per episode of a wave). With fewer slots than episodes, new episodes
+    # start as others end and an episode waiting on its env step gives its slot up (its KV row is parked)
     c.rollout.slots = 0
     # Continuous engine: decode positions per jitted call at most, and the fraction of slots whose replies end in a
     # call that ends it early (so they are refilled)
     c.rollout.chunk_steps = 16
     c.rollout.exit_frac = 0.125
+    # Continuous engine: an env step submitted after decode chunk c is waited for during chunk c + env_lag (larger:
+    # slower env steps hidden behind decoding, while other episodes fill the slots)
+    c.rollout.env_lag = 1
 
     c.experience = ml_collections.ConfigDict()
     c.experience.enabled = True  # retrieval, bank and extractor at all (False: the outcome-only baseline)
@@ -329,6 +332,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.rollout.slots >= 0, "rollout.slots", "must be >= 0 (0 = one per episode)")
     _check(c.rollout.chunk_steps >= 1, "rollout.chunk_steps", "must be >= 1")
     _check(0.0 < c.rollout.exit_frac <= 1.0, "rollout.exit_frac", "must be in (0, 1]")
+    _check(c.rollout.env_lag >= 1, "rollout.env_lag", "must be >= 1 (decode chunks)")
     _check(c.rollout.rows_per_wave >= 0, "rollout.rows_per_wave", "must be >= 0 (0 = all episodes at once)")
     episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
     _check(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from comprl_jax.models.config import ModelConfig
@@ -88,14 +88,20 @@ def load_gguf_model(path: str, *, mesh=None, **overrides) -> LoadedModel:
     return LoadedModel(cfg, graphdef, params, tok)
 
 
-def tiny_tokenizer(corpus: Iterable[str], out_dir: str) -> Tokenizer:
-    """BPE SentencePiece vocabulary for tiny models, trained once on the run's prompt text, cached in out_dir."""
+def tiny_tokenizer(corpus: Iterable[str], out_dir: str, words: Sequence[str] = ()) -> Tokenizer:
+    """BPE SentencePiece vocabulary for tiny models, trained once on the run's prompt text, cached in out_dir.
+
+    ``words``: strings that are always one token (the envs' action names: a random-init actor constrained to one
+    path per action then starts uniform over the actions; a multi-word action's words are one token each). Map
+    glyphs (:data:`MAP_SYMBOLS`) always are.
+    """
     path = os.path.join(out_dir, "spm.model")
     if os.path.exists(path):
         return Tokenizer.from_sentencepiece(path)
     os.makedirs(out_dir, exist_ok=True)
+    atomic = list(MAP_SYMBOLS) + [w for a in words for w in str(a).split(" ") if w]
     return Tokenizer.train_sentencepiece(
-        list(corpus), TINY_VOCAB, out_dir, model_type="bpe", atomic_symbols=MAP_SYMBOLS
+        list(corpus), TINY_VOCAB, out_dir, model_type="bpe", atomic_symbols=atomic
     )
 
 

@@ -300,7 +300,7 @@ def run_episodes(
     Args:
       specs / resets: episodes and their ``(obs, info)`` from :func:`reset_all`.
       sampler: the actor's ``SamplerService``; tokenizer: its ``Tokenizer``; sp: ``SamplingParams``.
-      key: PRNG key (split per turn).
+      key: PRNG key; reply ``i`` of episode ``b`` samples with ``fold_in(fold_in(key, b), i)`` (both engines).
       max_turns: env actions per episode (the env truncates there); search & ask turns do not count.
       constraint_for: ``(env_id, can_ask) -> TokenAutomaton | None`` (constrained decoding for tiny models);
         ``can_ask``: the row may still use search & ask this turn, so its automaton also allows the tool tag.
@@ -322,6 +322,9 @@ def run_episodes(
     if ask is not None:
         stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
     t_gen = t_env = 0.0
+    replies_so_far = [
+        0
+    ] * B  # each reply samples with its own key (episode, reply index), as the slot engine's
 
     def can_ask(e: _Episode) -> bool:
         return ask is not None and e.spec.can_ask and len(e.asked) < ask_max
@@ -331,7 +334,6 @@ def run_episodes(
     for _round in range(max_turns + (ask_max if ask is not None else 0)):
         if not any(e.live for e in eps):
             break
-        key, sub = jax.random.split(key)
         for b, e in enumerate(eps):
             # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
             if e.live and len(conv.ids[b]) + len(e.pending) + sp.max_new_tokens > max_len:
@@ -346,9 +348,11 @@ def run_episodes(
                 for e in eps
             ]
             constraint = constraint_for(env_id, asking) if constraint_for else None
-            res = conv.turn(rows, sub, sp, stop_strings=stop_strings, constraint=constraint)
+            ids = [(b, replies_so_far[b]) for b in range(B)]
+            res = conv.turn(rows, key, sp, stop_strings=stop_strings, constraint=constraint, key_ids=ids)
             for b, r in enumerate(rows):
                 if r is not None:
+                    replies_so_far[b] += 1
                     replies[b] = tokenizer.decode(
                         res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True
                     )

@@ -1,23 +1,26 @@
 """Continuous-batching rollouts: episodes flow through a fixed set of KV-cache slots while env steps run on the
 pools, overlapped with decoding (the default engine, ``rollout.engine = "continuous"``).
 
-Each episode owns one slot from its first turn to its end (its KV cache lives there, so every next turn is an
-incremental prefill of the new observation). When a reply ends, the slot waits while its env step runs on the
-pool, and the other slots keep decoding. When an episode ends, a waiting episode takes its slot. The host loop,
-per chunk ``c``:
+An episode takes a slot for its first turn, and every next turn is an incremental prefill of the new observation
+onto its KV row. When a reply ends, the episode's env step runs on the pool while the other slots keep decoding.
+With fewer slots than episodes (``rollout.slots``), an episode waiting on its env step gives its slot up when a
+ready episode needs one: its KV row is parked (copied into a parking store) and later continues in whichever slot
+is free. The host loop, per chunk ``c``:
 
-1. enter (one jitted prefill): the episodes whose next input is ready, and new episodes into free slots;
+1. enter (one jitted call): ready episodes (in their own slot, or a free / freed one), then new episodes. The
+   same call advances every other replying slot by one position;
 2. dispatch decode chunk ``c`` (one jitted call of up to ``rollout.chunk_steps`` positions; it ends early once
    ``rollout.exit_frac`` of the slots have finished);
-3. while the device decodes, wait for the env steps submitted after chunk ``c - 1``. Their observations become
-   the inputs entered before chunk ``c + 1``;
+3. while the device decodes, wait for the env steps due at chunk ``c`` (submitted ``rollout.env_lag`` chunks
+   earlier). Their observations become inputs entered before chunk ``c + 1``;
 4. read chunk ``c``'s finished replies: search & ask questions are answered (one batched extractor call) and
    enter with the next chunk. Env actions are submitted to the pools.
 
-The schedule depends only on what the device computed, never on timing: an env step submitted after chunk
-``c`` is always consumed before chunk ``c + 2``, and the loop blocks when it is late. Sampling keys are per
-(episode, turn), so a rollout is reproducible and a resumed run stays bit-identical. Greedy decoding gives the
-same tokens as the lock-step engine (``tests/test_slot_rollout.py``).
+The schedule depends only on what the device computed, never on timing: an env step is consumed exactly
+``env_lag`` chunks after it was submitted, and the loop blocks when it is late. Sampling keys are per
+(episode, reply): reply ``i`` of episode ``b`` draws with ``fold_in(fold_in(key, b), i)`` in both engines, so a
+rollout is reproducible, a resumed run stays bit-identical, and the lock-step engine plays the very same
+trajectories, sampled or greedy (``tests/test_slot_rollout.py``).
 
 Multi-process runs use the lock-step engine (:func:`comprl_jax.rollout.run_episodes`). There every process steps
 only its own env rows and all-gathers the results after each round, so all processes issue identical jitted
@@ -97,6 +100,7 @@ def run_episodes_continuous(
     slots: int = 0,
     chunk_steps: int = 16,
     exit_frac: float = 0.125,
+    env_lag: int = 1,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Plays all episodes to the end on ``slots`` KV-cache rows (0 = one per episode). Same arguments and results
     as :func:`comprl_jax.rollout.run_episodes` (no ``gather``: single process), plus:
@@ -105,6 +109,7 @@ def run_episodes_continuous(
       slots: KV-cache rows; more episodes than slots start as earlier ones end.
       chunk_steps: decode positions per jitted call at most.
       exit_frac: a chunk also ends once this fraction of the slots finished their replies in it.
+      env_lag: chunks an env step has before its result is due (:func:`schedule`).
     Returns:
       ``(trajectories in spec order, timing)``. ``timing``: ``gen_s`` (dispatching and waiting for the device),
       ``env_s`` (waiting for env steps not yet done when their results were due), ``decode_steps``,
@@ -201,6 +206,7 @@ def run_episodes_continuous(
         on_replies,
         on_result,
         exit_frac=exit_frac,
+        env_lag=env_lag,
     )
     trajs = [e.trajectory(list(c.ids), list(c.mask), list(c.lps)) for e, c in zip(eps, ctx, strict=True)]
     return trajs, timing
@@ -215,76 +221,110 @@ def schedule(
     on_result: Callable[[int, Any], bool],
     *,
     exit_frac: float = 0.125,
+    env_lag: int = 1,
 ) -> dict[str, float]:
     """Drives ``episodes`` through the engine's slots to their ends (the loop of the module docstring).
 
     Args:
       engine: the slots. key: the sampling key (row keys fold in each entry's ``key_ids``).
       episodes: episode ids in the order they take free slots.
-      entry: ``b -> Entry`` (its ``slot`` and ``reset`` are filled in here) for episode ``b``'s next turn, or
-        None when the episode ends instead.
+      entry: ``b -> Entry`` (its ``slot``, ``reset`` and ``park_row`` are filled in here) for episode ``b``'s
+        next turn, or None when the episode ends instead.
       on_replies: the chunk's finished replies ``[(b, Finished)]`` -> ``{b: future | None}``: a future (an env
-        step; its result goes to ``on_result`` before the chunk after next) or None (the next input is ready now).
+        step; its result goes to ``on_result`` ``env_lag`` chunks later) or None (the next input is ready now).
       on_result: ``(b, result) -> bool``, False when the episode ended.
+      env_lag: an env step submitted after chunk ``c`` is waited for while chunk ``c + env_lag`` decodes, and its
+        episode enters with chunk ``c + env_lag + 1``. Larger lags hide slower env steps (while other episodes
+        fill the slots); the schedule never depends on timing, only on what the device computed.
     Returns:
       Timing: ``gen_s`` (dispatching and waiting for the device), ``env_s`` (waiting for env steps that were not
       done when due), ``device_idle_s`` (an upper bound: host work between chunks, and env waits that outlasted
-      the chunk), ``decode_steps``, ``slot_steps`` (decode steps x the slots each ran on) and ``generated`` (sampled tokens).
+      the chunk), ``decode_steps``, ``slot_steps`` (decode steps x the slots each ran on), ``generated`` (sampled
+      tokens) and ``parked`` (rows moved to the parking store).
     """
     waiting = deque(episodes)  # not started yet
-    free = list(range(min(engine.B, len(episodes))))
+    free = list(range(engine.B))
     occupant: dict[int, int] = {}  # slot -> episode
     slot_of: dict[int, int] = {}  # episode -> slot
-    ready: list[int] = []  # episodes whose next input enters with the next chunk
-    stepping: dict[int, Any] = {}  # episode -> env-step future submitted after the previous chunk
-    exit_done = max(1, int(round(exit_frac * len(free))))
+    park_row: dict[int, int] = {}  # episode -> its parked row (it holds no slot)
+    ready: list[int] = []  # episodes whose next input is ready, in the order they became ready
+    due: dict[int, list[tuple[int, Any]]] = {}  # chunk -> env steps to wait for while it decodes
+    due_at: dict[int, int] = {}  # episode -> the chunk its env step is due
+    exit_done = max(1, int(round(exit_frac * engine.B)))
     t_gen = t_env = idle = 0.0
     generated = 0
     t_back = None  # when the host last got the device's results (the device idles until the next dispatch)
+    chunk = 0
 
-    def release(b: int) -> None:
-        free.append(slot_of.pop(b))
-        del occupant[free[-1]]
-
-    def place(b: int, reset: bool) -> Entry | None:
-        got = entry(b)
-        if got is None:
-            release(b)
-            return None
-        got.slot, got.reset = slot_of[b], reset
-        return got
+    def end(b: int) -> None:
+        if b in slot_of:
+            s = slot_of.pop(b)
+            del occupant[s]
+            free.append(s)
+        if b in park_row:
+            engine.release([park_row.pop(b)])
 
     while True:
-        if not waiting and 2 * len(occupant) <= engine.B and engine.B > 1:
-            # The tail: every episode has started and half the slots are empty; continue on a smaller batch.
+        if not waiting and not park_row and 2 * len(occupant) <= engine.B and engine.B > 1:
+            # The tail: every episode has started, none is parked and half the slots are empty: a smaller batch.
             moved = engine.compact(sorted(occupant))
             occupant = {moved[s]: b for s, b in occupant.items()}
             slot_of = {b: s for s, b in occupant.items()}
-            free = []
+            free = [s for s in range(engine.B) if s not in occupant]
             exit_done = max(1, int(round(exit_frac * engine.B)))
-        # 1. Enter: ready episodes (in episode order), then new episodes into free slots (lowest first).
-        entries = [e for b in sorted(ready) if (e := place(b, False)) is not None]
+        # 1. Enter. Ready episodes that hold their slot continue in it; the others (parked) take free slots, then
+        # new episodes do. With no free slot, the idle slot whose env step is due last is parked for them.
+        entries, evict, placed = [], [], []
+        going = [b for b in ready if b in slot_of]
+        queue = [b for b in ready if b not in slot_of] + [("new", b) for b in waiting]
         ready = []
-        while free and waiting:
-            b = waiting.popleft()
-            free.sort()
-            s = free.pop(0)
+        idle_slots = sorted(
+            (due_at[b], b) for b in slot_of if b in due_at and occupant.get(slot_of[b]) == b
+        )  # occupants waiting on an env step, parkable; the one due last is parked first
+        for item in queue:
+            new = isinstance(item, tuple)
+            b = item[1] if new else item
+            if free:
+                free.sort()
+                s = free.pop(0)
+            elif idle_slots:
+                _, v = idle_slots.pop()
+                s = slot_of.pop(v)
+                evict.append((v, s))
+                del occupant[s]
+            else:
+                if not new:
+                    ready.append(b)  # waits for a slot
+                continue
+            if new:
+                waiting.remove(b)
             occupant[s], slot_of[b] = b, s
-            if (e := place(b, True)) is not None:
-                entries.append(e)
+            placed.append((b, new))
+        if evict:
+            for (v, _), row in zip(evict, engine.park([s for _, s in evict]), strict=True):
+                park_row[v] = row
+        for b in sorted(going) + [b for b, _ in placed]:
+            got = entry(b)
+            if got is None:
+                end(b)
+                continue
+            got.slot = slot_of[b]
+            got.reset = b not in going and b not in park_row
+            got.park_row = park_row.pop(b, -1)
+            entries.append(got)
         t0 = time.perf_counter()
         idle += t0 - t_back if t_back is not None else 0.0
         engine.enter(entries, key)
         # 2. Dispatch the decode chunk (asynchronous: the device works while the host waits for env steps).
         handle = engine.advance(exit_done)
         t1 = time.perf_counter()
-        # 3. Env steps submitted after the previous chunk: their observations enter with the next chunk.
-        for b in sorted(stepping):
-            if on_result(b, stepping[b].result()):
+        # 3. The env steps due now: their episodes enter with the next chunk.
+        for b, fut in sorted(due.pop(chunk, []), key=lambda x: x[0]):
+            del due_at[b]
+            if on_result(b, fut.result()):
                 ready.append(b)
             else:
-                release(b)
-        stepping = {}
+                end(b)
         t2 = time.perf_counter()
         if handle is None or handle.is_ready():  # the chunk was done before the env steps: count it all idle
             idle += t2 - t1
@@ -298,8 +338,10 @@ def schedule(
             if fut is None:
                 ready.append(b)
             else:
-                stepping[b] = fut
-        if not (engine.replying or stepping or ready or waiting):
+                due.setdefault(chunk + env_lag, []).append((b, fut))
+                due_at[b] = chunk + env_lag
+        chunk += 1
+        if not (engine.replying or due or ready or waiting):
             break
     return {
         "gen_s": t_gen,
@@ -308,4 +350,5 @@ def schedule(
         "decode_steps": float(engine.decode_steps),
         "slot_steps": float(engine.slot_steps),
         "generated": float(generated),
+        "parked": float(engine.parked),
     }

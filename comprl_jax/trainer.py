@@ -43,7 +43,7 @@ from comprl_jax import metrics as mlib
 from comprl_jax.checkpoint import RunCheckpointer
 from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.extractor_track import ExtractorTrack
-from comprl_jax.model_zoo import load_model, tiny_tokenizer
+from comprl_jax.model_zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
 from comprl_jax.rl.losses import loss_config
 from comprl_jax.rollout import (
@@ -60,7 +60,7 @@ from comprl_jax.rollout import (
 from comprl_jax.slot_rollout import run_episodes_continuous
 from comprl_jax.tasks import TaskSampler
 from comprl_jax.train_batches import actor_batch, extractor_batch, strip_experience
-from comprl_jax.vocab_corpus import tokenizer_corpus
+from comprl_jax.vocab_corpus import action_words, tokenizer_corpus
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,12 @@ class Trainer:
             tok_dir = os.path.join(workdir, "tokenizer")
             # One process trains the vocabulary; the others load it (the run directory is shared).
             if self.leader:
-                tok = tiny_tokenizer(tokenizer_corpus(self.pools, cfg.retrieval.search_and_ask_max), tok_dir)
+                corpus = tokenizer_corpus(self.pools, cfg.retrieval.search_and_ask_max)
+                tok = tiny_tokenizer(corpus, tok_dir, words=action_words(self.pools))
             dist.barrier("tiny_tokenizer")
             if not self.leader:
                 tok = tiny_tokenizer([], tok_dir)
+        self.actor_tiny = cfg.actor.model in TINY_SPECS  # its vocabulary spells each action as one token
         episodes = slots * len(cfg.env.tasks)
         self.sft_slots = episodes // 2 if (self.experience and cfg.actor.self_distill_coef > 0) else 0
         rows = episodes + self.sft_slots
@@ -182,7 +184,13 @@ class Trainer:
             actions, regex = self.pools.action_spaces[env_id]
             ask = re.escape(ASK_OPEN) + ASK_QUERY_REGEX + re.escape(ASK_CLOSE)
             sampler = self.actor.sampler
-            if actions and not can_ask:  # a static action set (MiniHack, Sokoban)
+            if actions and self.actor_tiny:
+                # A random-init model has no spelling habits: one path per action (each action one token of its
+                # vocabulary), so it starts uniform over the actions instead of skewed by the token paths.
+                encode = self.actor.model.tokenizer.encode
+                paths = tuple(tuple(encode(f"<answer>{a}</answer>")) for a in actions)
+                c = sampler.sequences_constraint(paths, ask if can_ask else "")
+            elif actions and not can_ask:  # a static action set (MiniHack, Sokoban)
                 c = sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
             elif actions:
                 alternatives = "|".join(re.escape(a) for a in actions)
@@ -393,7 +401,12 @@ class Trainer:
             trajs, timing = run_episodes(*args, **common, gather=gather)
         else:
             trajs, timing = run_episodes_continuous(
-                *args, **common, slots=ro.slots, chunk_steps=ro.chunk_steps, exit_frac=ro.exit_frac
+                *args,
+                **common,
+                slots=ro.slots,
+                chunk_steps=ro.chunk_steps,
+                exit_frac=ro.exit_frac,
+                env_lag=ro.env_lag,
             )
         timing["rollout_s"] = time.perf_counter() - t0
         if record:

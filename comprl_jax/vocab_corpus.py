@@ -27,3 +27,10 @@ def tokenizer_corpus(pools: rollout.Pools, ask_max: int, seeds: int = 3) -> list
         + retrieval.corpus_strings()
         + actor_critic.corpus_strings()
     )
+
+
+def action_words(pools: rollout.Pools) -> list[str]:
+    """The static action names of the run's envs (MiniHack, Sokoban), in order, each once: a tiny vocabulary
+    holds each as one token (``model_zoo.tiny_tokenizer``)."""
+    words = [a for actions, _ in pools.action_spaces.values() for a in (actions or ())]
+    return list(dict.fromkeys(words))

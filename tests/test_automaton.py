@@ -8,9 +8,11 @@ import pytest
 from comprl_jax.sampling.automaton import (
     accepts,
     action_spellings,
+    either,
     from_actions,
     from_regex,
     from_strings,
+    from_token_sequences,
 )
 from comprl_jax.sampling.stops import build_stop_automaton, find_stop
 
@@ -192,3 +194,57 @@ def test_from_actions_accepts_every_spelling_and_nothing_else():
         aut, [TOK["<answer>"], TOK["no"], TOK["rth"], TOK["-"], TOK["ea"], TOK["st"], TOK["</answer>"]]
     )
     assert not accepts(aut, [TOK["<answer>"], TOK["north"], TOK["_"], TOK["ea"], TOK["st"], TOK["</answer>"]])
+
+
+def test_token_sequences_allow_one_path_each():
+    """Exactly the given token paths: "north" as the one token, not as n + o + r + t + h or no + rth; the
+    first token offers each sequence's own first token once, so a model with no preference picks among the
+    sequences' first tokens uniformly."""
+    seqs = [[TOK["<answer>"], TOK["north"], TOK["</answer>"]], [TOK["<answer>"], TOK["so"], TOK["uth"], TOK["</answer>"]],
+            [TOK["<answer>"], TOK["ea"], TOK["st"], TOK["</answer>"]]]  # fmt: skip
+    aut = from_token_sequences(seqs, len(VOCAB), stop_ids=[EOS])
+    allowed, nxt = np.asarray(aut.allowed), np.asarray(aut.next_state)
+    assert set(np.flatnonzero(allowed[0])) == {TOK["<answer>"]}
+    s1 = int(nxt[0, TOK["<answer>"]])
+    assert set(np.flatnonzero(allowed[s1])) == {TOK["north"], TOK["so"], TOK["ea"]}
+    for q in seqs:
+        assert accepts(aut, q)
+    assert not accepts(
+        aut, [TOK["<answer>"], TOK["no"], TOK["rth"], TOK["</answer>"]]
+    )  # another tokenization
+    assert not accepts(aut, seqs[0][:2])  # incomplete
+    assert not allowed[s1, EOS] and allowed[int(nxt[nxt[s1, TOK["north"]], TOK["</answer>"]]), EOS]
+    rng = np.random.default_rng(0)
+    assert {tuple(_random_walk(aut, rng)) for _ in range(100)} == {tuple(q) for q in seqs}
+    with pytest.raises(ValueError, match="non-empty"):
+        from_token_sequences([[1], []], len(VOCAB), stop_ids=[EOS])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        from_token_sequences([[len(VOCAB)]], len(VOCAB), stop_ids=[EOS])
+
+
+def test_either_accepts_the_union_and_shares_common_prefixes():
+    """Canonical action paths or the search & ask tag (a regex, any tokenization): both start with '<', so the
+    product must follow both until they part."""
+    acts = from_token_sequences(
+        [[TOK["<answer>"], TOK["north"], TOK["</answer>"]]], len(VOCAB), stop_ids=[EOS]
+    )
+    ask = from_regex(r"<ask>[a-z]{1,3}</ask>", VOCAB, stop_ids=[EOS])
+    both = either(acts, ask)
+    assert accepts(both, [TOK["<answer>"], TOK["north"], TOK["</answer>"]])
+    assert not accepts(both, [TOK["<answer>"], TOK["no"], TOK["rth"], TOK["</answer>"]])  # still one path
+    tag = [TOK[c] for c in "<ask>"] + [TOK["n"], TOK["o"]] + [TOK["</"]] + [TOK[c] for c in "ask>"]
+    assert accepts(both, tag)
+    assert not accepts(both, [TOK[c] for c in "<ask></ask>"])
+    allowed = np.asarray(both.allowed)
+    assert set(np.flatnonzero(allowed[0])) == {TOK["<answer>"], TOK["<"]}  # "<" can start only the tag here
+    assert allowed.any(axis=1).all()
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        text = _text(_random_walk(both, rng))
+        assert text == "<answer>north</answer>" or re.fullmatch(r"<ask>[a-z]{1,3}</ask>", text), text
+    # A token both allow moves both: "<" + "answer>" style prefixes shared by two canonical paths.
+    shared = either(
+        acts, from_token_sequences([[TOK["<answer>"], TOK["so"], TOK["</answer>"]]], len(VOCAB), [EOS])
+    )
+    s1 = int(np.asarray(shared.next_state)[0, TOK["<answer>"]])
+    assert set(np.flatnonzero(np.asarray(shared.allowed)[s1])) == {TOK["north"], TOK["so"]}

@@ -18,6 +18,7 @@ def test_lockstep_line_counts_decode_steps_and_slot_utilisation():
         "--prompt_tokens=16",
         "--obs_tokens=4",
         "--overlap=false",
+        "--peers=",
     ]
     out = subprocess.run(
         [sys.executable, str(BENCH), *args, "--emit_lengths"], capture_output=True, text=True, timeout=600

@@ -117,6 +117,50 @@ def test_slot_batch_errors_name_the_slot(service):
     sb.enter([Entry(0, [40, 41], True, 8, (0, 0))], jax.random.key(0))
     with pytest.raises(ValueError, match="slot 0 is still replying"):
         sb.enter([Entry(0, [40], False, 8, (0, 1))], jax.random.key(0))
+    with pytest.raises(ValueError, match="slot 0 is still replying; only an idle slot can be parked"):
+        sb.park([0])
+    with pytest.raises(ValueError, match="slot 1: park row 0 holds no parked row"):
+        sb.enter([Entry(1, [40], False, 8, (1, 0), park_row=0)], jax.random.key(0))
+
+
+def test_parked_rows_continue_in_other_slots(service):
+    """Two-turn replies on 2 slots for 4 prompts: after turn 1 each row is parked, and turn 2 continues it from
+    the parking store in whichever slot is free. Every reply (sampled, T=1) equals the one generated with a slot
+    per prompt and no parking."""
+    prompts = _prompts(4, seed=2)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0)
+    key = jax.random.key(7)
+
+    def run(slots, park):
+        sb = SlotBatch(service, slots, 256, sp, chunk_steps=5)
+        got, rows, turn2 = {}, {}, [[50, 51, 52, 53][i : i + 2] for i in range(4)]
+        for turn in range(2):
+            queue, free, occupant = list(range(4)), list(range(sb.B)), {}
+            while queue or sb.replying:
+                entries = []
+                while free and queue:
+                    i, s = queue.pop(0), free.pop(0)
+                    occupant[s] = i
+                    if turn == 0:
+                        entries.append(Entry(s, prompts[i], True, 12, (i, 0)))
+                    else:  # the reply's last token (never fed) first, then the next input
+                        toks = [int(got[i, 0].tokens[-1])] + turn2[i]
+                        entries.append(Entry(s, toks, False, 12, (i, 1), park_row=rows.get(i, -1)))
+                sb.enter(entries, key)
+                for f in sb.collect(sb.advance(1)):
+                    i = occupant.pop(f.slot)
+                    got[i, turn] = f
+                    if park and turn == 0:
+                        rows[i] = sb.park([f.slot])[0]
+                    free.append(f.slot)
+        return got, sb
+
+    ref, _ = run(4, park=False)
+    got, sb = run(2, park=True)
+    assert sb.parked == 4 and sorted(sb.park_free) == list(range(len(sb.park_free)))  # every row came back
+    for k, f in ref.items():
+        assert got[k].tokens.tolist() == f.tokens.tolist(), k
+        np.testing.assert_allclose(got[k].logprobs, f.logprobs, atol=2e-5)
 
 
 def test_union_keeps_each_automaton():
@@ -158,7 +202,7 @@ def trainer(tmp_path_factory):
     tr.close()
 
 
-def _both(tr, sp, slots, ask=None, constraint_for=None):
+def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1):
     from comprl_jax.rollout import reset_all, run_episodes
     from comprl_jax.slot_rollout import run_episodes_continuous
 
@@ -169,7 +213,7 @@ def _both(tr, sp, slots, ask=None, constraint_for=None):
     args = (tr.actor.sampler, tr.actor.model.tokenizer, sp, jax.random.key(1))
     lock, _ = run_episodes(tr.pools, specs, reset_all(tr.pools, specs), *args, **kw)
     cont, timing = run_episodes_continuous(
-        tr.pools, specs, reset_all(tr.pools, specs), *args, **kw, slots=slots, chunk_steps=8
+        tr.pools, specs, reset_all(tr.pools, specs), *args, **kw, slots=slots, chunk_steps=8, env_lag=env_lag
     )
     return lock, cont, timing
 
@@ -190,15 +234,21 @@ def _same(a, b):
         )
 
 
-@pytest.mark.parametrize("slots", [3, 0])
-def test_continuous_rollout_equals_lockstep_greedy(trainer, slots):
-    """MiniHack, constrained actions, 8 episodes on 3 slots (episodes wait for slots) or one slot each."""
-    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, greedy=True)
-    lock, cont, timing = _both(trainer, sp, slots)
+@pytest.mark.parametrize("slots,greedy,env_lag", [(3, True, 1), (3, False, 2), (0, False, 1)])
+def test_continuous_rollout_equals_lockstep(trainer, slots, greedy, env_lag):
+    """MiniHack, constrained actions, 8 episodes on 3 slots (episodes wait for slots, idle ones are parked and
+    continue in other slots) or one slot each: the same trajectories as the lock-step engine, greedy and sampled
+    (both engines draw reply i of episode b with the key (b, i))."""
+    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0, greedy=greedy)
+    lock, cont, timing = _both(trainer, sp, slots, env_lag=env_lag)
     _same(lock, cont)
     assert sum(t.turns for t in cont) > len(cont)  # episodes went on past their first turn
     assert timing["generated"] == sum(sum(t.loss_mask) for t in cont)
     assert 0 < timing["generated"] <= timing["slot_steps"]
+    if slots:
+        assert timing["parked"] > 0  # the parking path ran
+    if not greedy:
+        assert len({tuple(t.tokens) for t in cont}) > 2  # sampling: the group's episodes differ
 
 
 @pytest.mark.slow
@@ -213,13 +263,9 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
         calls.append(len(items))
         return [(f"answer to {q} in {env_id}", None) for q, _obs, env_id in items]
 
-    # Sampling differs between the engines (one key per call vs one per row): greedy for the comparison, then
-    # sampling to see asks happen.
     sp = SamplingParams(max_new_tokens=48, temperature=1.0)
-    greedy = SamplingParams(max_new_tokens=48, greedy=True)
-    lock, cont, _ = _both(trainer, greedy, 3, ask=ask, constraint_for=lambda e, a=False: forced)
+    lock, cont, _ = _both(trainer, sp, 3, ask=ask, constraint_for=lambda e, a=False: forced)
     _same(lock, cont)
-    _, cont, _ = _both(trainer, sp, 3, ask=ask, constraint_for=lambda e, a=False: forced)
     asked = [t for t in cont if t.asks]
     assert asked and all(t.spec.guided and t.asks <= 2 for t in asked)
     assert all(
@@ -245,3 +291,44 @@ def test_continuous_rollout_is_reproducible(trainer):
         for s in (3, 8)
     ]
     _same(runs[0], runs[1])
+
+
+def test_tiny_actor_starts_uniform_over_the_actions(trainer):
+    """The tiny vocabulary spells each action as one token and the tiny actor's constraint allows one path per
+    action, so the random-init actor's first move is near uniform over the 8 directions. (Before: every
+    tokenization was a path, and the first moves were east 26%, west 27% ... south 3%: a policy below random.)"""
+    from comprl_jax.sampling.automaton import accepts
+
+    tok = trainer.actor.model.tokenizer
+    env_id = trainer.config.env.tasks[0]
+    actions, _ = trainer.pools.action_spaces[env_id]
+    prefix = tok.encode("<answer>")
+    for a in actions:
+        assert len(tok.encode(f"<answer>{a}</answer>")) == len(tok.encode("<answer></answer>")) + 1, a
+    auto = trainer._constraint(env_id, False)
+    allowed, nxt = np.asarray(auto.allowed), np.asarray(auto.next_state)
+    s = 0
+    for t in prefix:
+        assert set(np.flatnonzero(allowed[s])) == {t}
+        s = int(nxt[s, t])
+    assert set(np.flatnonzero(allowed[s])) == {tok.encode(a)[0] for a in actions}
+    # With search & ask: the same action paths, or the tag with a question.
+    ask = trainer._constraint(env_id, True)
+    assert all(accepts(ask, tok.encode(f"<answer>{a}</answer>")) for a in actions)
+    assert accepts(ask, tok.encode("<knowledge_search_and_ask>where is it</knowledge_search_and_ask>"))
+    assert not accepts(
+        ask, tok.encode("<answer>") + [tok.encode(c)[0] for c in "north"] + tok.encode("</answer>")
+    )
+    # The random-init actor's first action over 512 samples of the first observation: every direction is drawn,
+    # none far from 1/8.
+    obs = trainer.pools.pools[env_id].submit_reset(0, 0).result()[0]
+    prompt = tok.apply_chat_template(
+        [{"role": "system", "content": trainer.pools.system_prompts[env_id]},
+         {"role": "user", "content": f"Observation: {obs}"}], add_generation_prompt=True)[0]  # fmt: skip
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0)
+    res = trainer.actor.sampler.generate([prompt] * 512, jax.random.key(0), sp, constraint=auto)
+    first = res.tokens[:, len(prefix)]
+    share = np.array([np.mean(first == tok.encode(a)[0]) for a in actions])
+    assert np.isclose(share.sum(), 1.0) and share.min() > 0.05 and share.max() < 0.25, dict(
+        zip(actions, share, strict=True)
+    )

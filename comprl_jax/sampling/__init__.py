@@ -55,9 +55,11 @@ from comprl_jax.sampling.automaton import (
     TokenAutomaton,
     accepts,
     action_spellings,
+    either,
     from_actions,
     from_regex,
     from_strings,
+    from_token_sequences,
     vocab_bytes,
 )
 from comprl_jax.sampling.decode import (
@@ -66,6 +68,7 @@ from comprl_jax.sampling.decode import (
     GenerationResult,
     decode,
     make_decode_fn,
+    row_keys,
 )
 from comprl_jax.sampling.filters import SamplingParams, filter_logits, select_tokens
 from comprl_jax.sampling.stops import StopAutomaton, build_stop_automaton, find_stop
@@ -84,11 +87,14 @@ __all__ = [
     "bucket",
     "build_stop_automaton",
     "decode",
+    "either",
     "filter_logits",
     "find_stop",
     "from_actions",
     "from_regex",
     "from_strings",
+    "from_token_sequences",
+    "row_keys",
     "select_tokens",
     "vocab_bytes",
 ]
@@ -205,6 +211,16 @@ class SamplerService:
         )
 
     @functools.lru_cache(maxsize=32)  # noqa: B019
+    def sequences_constraint(self, sequences: tuple[tuple[int, ...], ...], regex: str = "") -> TokenAutomaton:
+        """Device automaton for exactly these token paths (:func:`from_token_sequences`: one tokenization each),
+        or, with ``regex``, for those paths or the regex (any tokenization; :func:`either`)."""
+        V = len(self._need_vocab("sequences_constraint"))
+        auto = from_token_sequences(sequences, V, self.stop_token_ids)
+        if regex:
+            auto = either(auto, from_regex(regex, self.vocab, self.stop_token_ids))
+        return self.replicate(auto)
+
+    @functools.lru_cache(maxsize=32)  # noqa: B019
     def actions_constraint(
         self, actions: tuple[str, ...], template: str = "<answer>{}</answer>"
     ) -> TokenAutomaton:
@@ -277,6 +293,7 @@ class SamplerService:
         stop_strings: Sequence[str] = (),
         constraint: TokenAutomaton | None = None,
         context_need: int | None = None,
+        key_ids: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """One jitted turn on an existing cache (its batch dim ``Bp >= len(rows)``); returns device arrays.
 
@@ -284,6 +301,9 @@ class SamplerService:
         ``context_need``: the most cache slots any row occupies after this turn (cached + new + max_new). When
         given, the turn runs on a power-of-two window of the cache that covers it (compiled once per window
         bucket), so attention costs scale with the live context rather than the cache capacity.
+        ``key_ids``: ``(a, b)`` per row: row ``i`` samples with its own key ``fold_in(fold_in(key, a), b)``
+        (:func:`~comprl_jax.sampling.decode.row_keys`, as the slot engine does), so its tokens depend on its
+        context and ids only, not on the batch; default: one key for the batch.
         """
         Bp = cache.lengths.shape[0]
         if len(rows) > Bp:
@@ -301,6 +321,12 @@ class SamplerService:
                 f"max_new {int(mx.max())} exceeds SamplingParams.max_new_tokens={sp.max_new_tokens}"
             )
         stops = self.stop_automaton(tuple(stop_strings)) if stop_strings else None
+        if key_ids is not None:
+            if len(key_ids) != len(rows):
+                raise ValueError(f"key_ids has {len(key_ids)} entries for {len(rows)} rows")
+            ids = np.zeros((Bp, 2), np.int32)
+            ids[: len(rows)] = np.asarray(key_ids, np.int32).reshape(len(rows), 2)
+            key = _row_keys(key, self._put(ids))
         S = cache.k.shape[2]
         window = None
         if context_need is not None:
@@ -355,6 +381,8 @@ class SamplerService:
     def conversation(self, batch: int, max_len: int) -> Conversation:
         return Conversation(self, batch, max_len)
 
+
+_row_keys = jax.jit(row_keys)
 
 _GROWERS: dict[Any, Any] = {}
 
@@ -438,9 +466,11 @@ class Conversation:
         max_new: int | Sequence[int] | None = None,
         stop_strings: Sequence[str] = (),
         constraint: TokenAutomaton | None = None,
+        key_ids: Sequence[tuple[int, int]] | None = None,
     ) -> GenerationResult:
         """Appends ``new_tokens[b]`` to row ``b`` and generates its reply; ``None`` = row sits this turn out.
 
+        ``key_ids``: per-row sampling keys (see :meth:`SamplerService.run`), one ``(a, b)`` per row.
         Returns numpy results for the ``batch`` rows (idle rows have length 0).
         """
         if len(new_tokens) != self.batch:
@@ -466,7 +496,9 @@ class Conversation:
             self.cache = self.service.grow_cache(
                 self.cache, min(self.max_len, bucket(need, minimum=self.MIN_CACHE))
             )
-        res = self.service.run(self.cache, rows, mx, key, sp, stop_strings, constraint, context_need=need)
+        res = self.service.run(
+            self.cache, rows, mx, key, sp, stop_strings, constraint, context_need=need, key_ids=key_ids
+        )
         self.cache = res.cache
         out = res.to_numpy(self.batch)
         for b, new in enumerate(new_tokens):

@@ -224,6 +224,81 @@ def from_actions(
     return from_strings(texts, vocab, stop_ids)
 
 
+def from_token_sequences(
+    sequences: Sequence[Sequence[int]], vocab_size: int, stop_ids: Iterable[int]
+) -> TokenAutomaton:
+    """Automaton accepting exactly the token-id ``sequences`` (one path each: no other tokenization of the same
+    text), e.g. each action's canonical tokenization.
+
+    Why: under :func:`from_strings` every tokenization of an allowed text is a path, so a model with no preference
+    (a random-init one) splits its mass by the number and shape of the paths, not by the actions: with the tiny
+    vocabulary ``east`` got 26% of the first moves and ``south`` 3%. With one path per action, and each action one
+    token (the tiny vocabulary makes action names atomic, :func:`comprl_jax.model_zoo.tiny_tokenizer`), such a model
+    starts uniform over the actions.
+
+    Args:
+      sequences: non-empty token-id lists; vocab_size: ``V``; stop_ids: ids allowed at accepting states.
+    """
+    if not sequences or any(len(q) == 0 for q in sequences):
+        raise ValueError("from_token_sequences needs non-empty token sequences")
+    trans: dict[int, dict[int, int]] = {}
+    accept: set[int] = set()
+    count = 1
+    for q in sequences:
+        node = 0
+        for t in q:
+            if not 0 <= int(t) < vocab_size:
+                raise ValueError(
+                    f"from_token_sequences: token id {t} is outside the vocabulary [0, {vocab_size})"
+                )
+            nxt = trans.setdefault(node, {}).get(int(t))
+            if nxt is None:
+                nxt = trans[node][int(t)] = count
+                count += 1
+            node = nxt
+        accept.add(node)
+    return _finalize(trans, accept, 0, vocab_size, stop_ids, "from_token_sequences")
+
+
+def either(a: TokenAutomaton, b: TokenAutomaton) -> TokenAutomaton:
+    """An automaton accepting what ``a`` or ``b`` accepts (product of the two, only the reachable pairs).
+
+    A token allowed by both moves both; one allowed by one only leaves the other behind. Used to add the search &
+    ask tag (a regex) beside canonical action paths (:func:`from_token_sequences`).
+    """
+    aa, an, ac = (np.asarray(x) for x in (a.allowed, a.next_state, a.accept))
+    ba, bn, bc = (np.asarray(x) for x in (b.allowed, b.next_state, b.accept))
+    if aa.shape[1] != ba.shape[1]:
+        raise ValueError(f"automata over different vocabularies ({aa.shape[1]} and {ba.shape[1]} tokens)")
+    dead = -1
+    order = {(0, 0): 0}
+    queue = deque([(0, 0)])
+    rows_allowed, rows_next, rows_accept = [], [], []
+    while queue:
+        sa, sb = queue.popleft()
+        in_a = aa[sa] if sa != dead else np.zeros(aa.shape[1], bool)
+        in_b = ba[sb] if sb != dead else np.zeros(ba.shape[1], bool)
+        ok = in_a | in_b
+        nxt = np.zeros(aa.shape[1], np.int32)
+        for t in np.flatnonzero(ok):
+            pair = (int(an[sa, t]) if in_a[t] else dead, int(bn[sb, t]) if in_b[t] else dead)
+            if pair not in order:
+                order[pair] = len(order)
+                queue.append(pair)
+            nxt[t] = order[pair]
+        rows_allowed.append(ok)
+        rows_next.append(nxt)
+        rows_accept.append(bool((sa != dead and ac[sa]) or (sb != dead and bc[sb])))
+    # A stop token ends the row wherever it is allowed, so its (self-looping) next state is never used.
+    idx = np.arange(len(rows_next), dtype=np.int32)[:, None]
+    allowed = np.stack(rows_allowed)
+    return TokenAutomaton(
+        allowed=allowed,
+        next_state=np.where(allowed, np.stack(rows_next), idx).astype(np.int32),
+        accept=np.asarray(rows_accept, bool),
+    )
+
+
 def from_regex(pattern: str, vocab: Sequence[bytes], stop_ids: Iterable[int]) -> TokenAutomaton:
     """Automaton for a regular expression (full match), compiled by PyPI ``outlines-core`` (``Index``).
 

@@ -81,7 +81,9 @@ def decode(
       tokens: ``[B, T]`` int32 new input tokens, right-padded.
       num_new: ``[B]`` int32 valid columns of ``tokens`` per row (>= 1 for rows with ``max_new > 0``).
       max_new: ``[B]`` int32 per-row generation limit, ``<= sp.max_new_tokens``; 0 = row is idle.
-      key: PRNG key; step ``i`` uses ``fold_in(key, i)``.
+      key: PRNG key; step ``i`` uses ``fold_in(key, i)``. Or ``[B]`` keys, one per row (:func:`row_keys`): row
+        ``b``'s token ``i`` then draws with ``fold_in(key[b], i)``, so its reply does not depend on the batch (the
+        slot engine draws the same way, so both engines sample the same tokens).
       stops: stop-string detector or None.
       constraint: token automaton or None; every row starts in its state 0.
       sp: sampling settings (static; ``sp.max_new_tokens`` is the buffer length ``N``).
@@ -114,7 +116,12 @@ def decode(
         """Selects the token at position c['step'] for every row and updates the per-row bookkeeping."""
         active = ~c["done"]
         allowed = None if constraint is None else constraint.allowed[c["cstate"]]  # [B, V]
-        tok, lp = select_tokens(step_logits, jax.random.fold_in(key, c["step"]), sp, allowed)
+        step_key = (
+            jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, c["step"])
+            if key.ndim
+            else jax.random.fold_in(key, c["step"])
+        )
+        tok, lp = select_tokens(step_logits, step_key, sp, allowed)
         tok = jnp.where(active, tok, pad_id)
         col = c["step"]
         out_tok = jax.lax.dynamic_update_slice(c["out_tok"], tok[:, None], (0, col))
@@ -189,6 +196,11 @@ def decode(
         cache=carry["cache"],
         steps=carry["step"],
     )
+
+
+def row_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """``[n]`` reply keys ``fold_in(fold_in(key, a), b)`` for ``ids [n, 2] = (a, b)`` (an episode and its turn)."""
+    return jax.vmap(lambda a, b: jax.random.fold_in(jax.random.fold_in(key, a), b))(ids[:, 0], ids[:, 1])
 
 
 def advance_rows(tok, active, lengths, max_new, done, finish, cstate, sstate, stops, constraint, stop_arr):

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from comprl_jax.sampling.automaton import TokenAutomaton
-from comprl_jax.sampling.decode import FINISH_LENGTH, FINISH_STOP, advance_rows, prefill
+from comprl_jax.sampling.decode import FINISH_LENGTH, FINISH_STOP, advance_rows, prefill, row_keys
 from comprl_jax.sampling.filters import SamplingParams, select_tokens
 from comprl_jax.sampling.stops import StopAutomaton
 
@@ -135,15 +135,32 @@ def _unwindow(full, view, window):
     )
 
 
+def _decode_step(
+    graphdef, params, view, st: SlotState, skip, sp, stops, constraint, stop_arr, pad_id, extend_fn
+):
+    """One decode position for the replying rows not in ``skip [B]`` (skipped when there are none)."""
+    run = st.replace(done=st.done | skip)
+
+    def step(v):
+        zero_col = jnp.zeros(st.done.shape, jnp.int32)
+        logits, v = extend_fn(graphdef, params, v, run.tok[:, None], (~run.done).astype(jnp.int32), zero_col)
+        out = _emit(run, logits, sp, stops, constraint, stop_arr, pad_id)
+        return v, out.replace(done=jnp.where(skip, st.done, out.done))
+
+    return jax.lax.cond(jnp.all(run.done), lambda v: (v, st), step, view)
+
+
 def enter(
     graphdef,
     params,
     cache,
     state: SlotState,
+    park,
     slots: jax.Array,
     tokens: jax.Array,
     num_new: jax.Array,
     reset: jax.Array,
+    src: jax.Array,
     max_new: jax.Array,
     cstart: jax.Array,
     key: jax.Array,
@@ -158,30 +175,50 @@ def enter(
     window: int | None = None,
     prefill_groups: int = 1,
 ):
-    """New input for ``n`` slots: prefill, first token, fresh reply state. Pure; jit with the keywords static.
+    """New input for ``n`` slots (prefill, first token, fresh reply state), and one decode position for every
+    other replying slot in the same call. Pure; jit with the keywords static.
 
     Args:
       cache: the ``B``-slot KV cache; state: their :class:`SlotState`.
+      park: None, or the parking store (a ``[L, P, S, ...]`` cache with the same ``S``) that parked rows come from.
       slots: ``[n]`` int32 slot per entering row (``B`` = padding row, ignored).
       tokens: ``[n, T]`` int32 input, right-padded; num_new: ``[n]`` valid columns (>= 1 for real rows).
       reset: ``[n]`` bool, a new occupant: the slot's cache row starts empty.
+      src: ``[n]`` int32, the park row whose context the entering row continues (-1: the slot's own row).
       max_new: ``[n]`` int32 reply limit (<= ``sp.max_new_tokens``); cstart: ``[n]`` constraint start state.
       key: PRNG key; key_ids: ``[n, 2]`` int32, row key ``fold_in(fold_in(key, a), b)``.
-      window: static; the first ``window`` cache positions hold every entering row's context + input.
+      window: static; the first ``window`` cache positions hold every entering row's context + input and every
+        replying row's context + one token.
     Returns:
       ``(cache, state)``.
     """
     view = _window(cache, window)
+    B = state.done.shape[0]
+    stop_arr = _stop_arr(stop_ids)
+    entering = jnp.zeros((B,), bool).at[slots].set(True, mode="drop")
+    # The slots already replying advance one position while the entering rows prefill (their rows are disjoint):
+    # no slot waits for another's prefill.
+    view, state = _decode_step(
+        graphdef, params, view, state, entering, sp, stops, constraint, stop_arr, pad_id, extend_fn
+    )
     sub = view.replace(
         k=view.k.at[:, slots].get(mode="fill", fill_value=0),
         v=view.v.at[:, slots].get(mode="fill", fill_value=0),
         lengths=jnp.where(reset, 0, view.lengths.at[slots].get(mode="fill", fill_value=0)),
     )
+    if park is not None:
+        pview = _window(park, window)
+        parked = src >= 0
+        rows = jnp.where(parked, src, park.lengths.shape[0])
+        pick = lambda x, y: jnp.where(parked[None, :, None, None, None], x, y)  # noqa: E731
+        sub = sub.replace(
+            k=pick(pview.k.at[:, rows].get(mode="fill", fill_value=0), sub.k),
+            v=pick(pview.v.at[:, rows].get(mode="fill", fill_value=0), sub.v),
+            lengths=jnp.where(parked, pview.lengths.at[rows].get(mode="fill", fill_value=0), sub.lengths),
+        )
     last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
     logits, sub = prefill(graphdef, params, sub, tokens, num_new, last, extend_fn, prefill_groups)
-    row_key = jax.vmap(lambda a, b: jax.random.fold_in(jax.random.fold_in(key, a), b))(
-        key_ids[:, 0], key_ids[:, 1]
-    )
+    row_key = row_keys(key, key_ids)
     n, N = tokens.shape[0], sp.max_new_tokens
     idle = max_new <= 0
     fresh = SlotState(
@@ -196,7 +233,7 @@ def enter(
         out_tok=jnp.full((n, N), pad_id, jnp.int32),
         out_lp=jnp.zeros((n, N), jnp.float32),
     )
-    fresh = _emit(fresh, logits, sp, stops, constraint, _stop_arr(stop_ids), pad_id)
+    fresh = _emit(fresh, logits, sp, stops, constraint, stop_arr, pad_id)
     view = view.replace(
         k=view.k.at[:, slots].set(sub.k, mode="drop"),
         v=view.v.at[:, slots].set(sub.v, mode="drop"),
@@ -206,11 +243,27 @@ def enter(
     return _unwindow(cache, view, window), state
 
 
+def park_rows(cache, park, slots: jax.Array, rows: jax.Array):
+    """Copies the KV rows of ``slots [n]`` into park rows ``rows [n]`` (padding: slot ``B``, row ``P``, dropped).
+
+    Returns:
+      the parking store.
+    """
+    return park.replace(
+        k=park.k.at[:, rows].set(cache.k.at[:, slots].get(mode="fill", fill_value=0), mode="drop"),
+        v=park.v.at[:, rows].set(cache.v.at[:, slots].get(mode="fill", fill_value=0), mode="drop"),
+        lengths=park.lengths.at[rows].set(
+            cache.lengths.at[slots].get(mode="fill", fill_value=0), mode="drop"
+        ),
+    )
+
+
 def advance(
     graphdef,
     params,
     cache,
     state: SlotState,
+    watch: jax.Array,
     exit_done: jax.Array,
     stops: StopAutomaton | None,
     constraint: TokenAutomaton | None,
@@ -224,20 +277,20 @@ def advance(
 ):
     """Up to ``steps`` decode positions for the replying slots. Pure; jit with the keywords static.
 
-    Ends early when no slot is replying or ``exit_done`` (a dynamic int32) slots finished in this call. A finished
+    Ends early when no slot is replying or ``exit_done`` (a dynamic int32) of the ``watch [B]`` slots (the ones
+    the host has seen replying) are done, counting those that finished in :func:`enter`'s decode step. A finished
     slot feeds nothing (``num_new = 0``): its cache stays exactly its context + reply (less the last token).
 
     Returns:
       ``(cache, state, steps_run)``.
     """
     stop_arr = _stop_arr(stop_ids)
-    done0 = state.done
-    B = done0.shape[0]
+    B = state.done.shape[0]
     zero_col = jnp.zeros((B,), jnp.int32)
 
     def cond(c):
         i, _, st = c
-        newly = jnp.sum(st.done & ~done0)
+        newly = jnp.sum(st.done & watch)
         return (i < steps) & ~jnp.all(st.done) & (newly < exit_done)
 
     def body(c):
@@ -291,13 +344,17 @@ def _jitted(extend_fn):
     return _JITTED[extend_fn]
 
 
+_park = jax.jit(park_rows, donate_argnums=1)
+
+
 @dataclasses.dataclass
 class Entry:
     """One slot's next input for :meth:`SlotBatch.enter`.
 
     ``tokens``: the ids to append (the previous reply's last token first, when it was never fed); ``reset``: a
     new occupant (its row starts empty); ``key_ids``: ``(a, b)`` of its reply key; ``cstart``: its constraint's
-    start state.
+    start state; ``park_row``: the park row (:meth:`SlotBatch.park`) holding the context it continues, -1 when
+    the slot's own row holds it (or ``reset``).
     """
 
     slot: int
@@ -306,6 +363,7 @@ class Entry:
     max_new: int
     key_ids: tuple[int, int]
     cstart: int = 0
+    park_row: int = -1
 
 
 @dataclasses.dataclass
@@ -329,6 +387,10 @@ class SlotBatch:
       stop_strings / constraint: shared by every row; rows choose their constraint by start state
         (:func:`~comprl_jax.sampling.automaton.union`).
       chunk_steps: decode positions per :meth:`advance` at most (static: one compile per window bucket).
+
+    Parking: :meth:`park` moves idle slots' KV rows into a parking store (a second cache, allocated on first use,
+    rows in power-of-two buckets, the same positions as the slots' cache), so their slots can take other rows;
+    an :class:`Entry` with ``park_row`` continues a parked row in any slot.
     """
 
     def __init__(
@@ -356,13 +418,17 @@ class SlotBatch:
         )
         self.stops = service.stop_automaton(tuple(stop_strings)) if stop_strings else None
         self.constraint = constraint
-        self.lengths = np.zeros(self.B, np.int64)  # host mirror of cache.lengths
+        self.lengths = np.zeros(self.B, np.int64)  # host mirror of cache.lengths (an upper bound mid-reply)
         self.reserved = np.zeros(self.B, np.int64)  # the most positions the row's current reply may reach
         self.replying: set[int] = set()
-        self.decode_steps = 0  # decode positions run: advance steps + one per enter call
-        self.slot_steps = (
-            0  # the same, each times the slots it ran on (the batch shrinks in a rollout's tail)
-        )
+        self.park_store = None  # KVCache [L, P, S, ...] once a row was parked
+        self.park_lengths = np.zeros(0, np.int64)
+        self.park_free: list[int] = []
+        self.parked = 0  # rows moved into the store so far
+        # Decode positions run (advance steps + one per enter call: its decode step) and the same, each times the
+        # slots it ran on (the batch shrinks in a rollout's tail).
+        self.decode_steps = 0
+        self.slot_steps = 0
         self._enter, self._advance = _jitted(service.extend_fn)
 
     @property
@@ -375,8 +441,66 @@ class SlotBatch:
         w = min(self.cache_len, bucket(need, minimum=self.min_window))
         return None if w >= self.cache_len else w
 
+    def _grow(self, need: int) -> None:
+        """Room for ``need`` positions per row in the slots' cache and in the parking store alike."""
+        from comprl_jax.sampling import bucket
+
+        if need > self.cache_len:
+            size = min(self.max_len, bucket(need, minimum=self.min_window))
+            self.cache = self.svc.grow_cache(self.cache, size)
+        if self.park_store is not None and self.park_store.k.shape[2] < self.cache_len:
+            self.park_store = self.svc.grow_cache(self.park_store, self.cache_len)
+
+    def park(self, slots: Sequence[int]) -> list[int]:
+        """Moves the KV rows of ``slots`` (idle: not replying) into free park rows; the slots are then free.
+
+        Returns:
+          the park row of each slot, for the :class:`Entry` that continues it (which frees the park row).
+        """
+        from comprl_jax.sampling import bucket
+
+        slots = [int(s) for s in slots]
+        if not slots:
+            return []
+        self._grow(0)  # the store holds the same positions as the slots' cache
+        for s in slots:
+            if s in self.replying:
+                raise ValueError(f"slot {s} is still replying; only an idle slot can be parked")
+        if len(self.park_free) < len(slots):
+            rows = self.park_lengths.shape[0]
+            size = self.svc.batch_bucket(rows + len(slots) - len(self.park_free))
+            new = self.svc.new_cache(size, self.cache_len)
+            if self.park_store is not None:
+                with self.svc._lock, self.svc._mesh_ctx():
+                    new = _grow_rows(self.park_store, new)
+            self.park_store = new
+            self.park_free += list(range(rows, size))
+            self.park_lengths = np.concatenate([self.park_lengths, np.zeros(size - rows, np.int64)])
+        self.park_free.sort()
+        rows = [self.park_free.pop(0) for _ in slots]
+        n = bucket(len(slots), minimum=1)
+        src = np.full((n,), self.B, np.int32)
+        dst = np.full((n,), self.park_lengths.shape[0], np.int32)
+        src[: len(slots)], dst[: len(slots)] = slots, rows
+        with self.svc._lock, self.svc._mesh_ctx():
+            self.park_store = _park(self.cache, self.park_store, jnp.asarray(src), jnp.asarray(dst))
+        for s, r in zip(slots, rows, strict=True):
+            self.park_lengths[r] = self.lengths[s]
+            self.lengths[s] = self.reserved[s] = 0
+        self.parked += len(slots)
+        return rows
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Frees park rows that will not be continued (their episode ended while parked)."""
+        for r in rows:
+            if r in self.park_free or not 0 <= r < self.park_lengths.shape[0]:
+                raise ValueError(f"park row {r} holds no parked row")
+            self.park_free.append(int(r))
+            self.park_lengths[r] = 0
+
     def enter(self, entries: Sequence[Entry], key) -> None:
-        """Prefills each entry into its slot and samples its reply's first token (dispatched, not awaited)."""
+        """Prefills each entry into its slot and samples its reply's first token, while every other replying slot
+        decodes one position (dispatched, not awaited)."""
         from comprl_jax.sampling import bucket
 
         if not entries:
@@ -390,23 +514,28 @@ class SlotBatch:
                 raise ValueError(
                     f"max_new {e.max_new} exceeds SamplingParams.max_new_tokens={self.sp.max_new_tokens}"
                 )
-            start = 0 if e.reset else int(self.lengths[e.slot])
+            if e.park_row >= 0 and (e.reset or e.park_row in self.park_free or self.park_store is None):
+                raise ValueError(f"slot {e.slot}: park row {e.park_row} holds no parked row to continue")
+            if e.reset:
+                start = 0
+            elif e.park_row >= 0:
+                start = int(self.park_lengths[e.park_row])
+            else:
+                start = int(self.lengths[e.slot])
             need = start + len(e.tokens) + e.max_new
             if need > self.max_len:
                 raise ValueError(f"slot {e.slot}: context {need} tokens exceeds max_len={self.max_len}")
             self.lengths[e.slot] = start + len(e.tokens)
             self.reserved[e.slot] = need
-        grow = int(max(self.reserved[list(self.replying | {e.slot for e in entries})]))
-        if grow > self.cache_len:
-            self.cache = self.svc.grow_cache(
-                self.cache, min(self.max_len, bucket(grow, minimum=self.min_window))
-            )
+        going = sorted(self.replying)  # they decode one position in this call
+        self._grow(int(max(self.reserved[going + [e.slot for e in entries]])))
         n = bucket(len(entries), minimum=1)
         T = bucket(max(len(e.tokens) for e in entries), minimum=16)
         slots = np.full((n,), self.B, np.int32)
         toks = np.full((n, T), self.svc.pad_id, np.int32)
         num_new = np.zeros((n,), np.int32)
         reset = np.zeros((n,), bool)
+        src = np.full((n,), -1, np.int32)
         mx = np.zeros((n,), np.int32)
         cstart = np.zeros((n,), np.int32)
         ids = np.zeros((n, 2), np.int32)
@@ -418,25 +547,28 @@ class SlotBatch:
                 e.max_new,
                 e.cstart,
             )
+            src[i] = e.park_row
             toks[i, : len(e.tokens)] = e.tokens
             ids[i] = e.key_ids
-            self.replying.add(e.slot)
-        window = self._window_for(int(max(self.lengths[e.slot] for e in entries)))
-        # The prefill call samples one position for the entering rows while the other slots wait: it counts as a
-        # decode step of every slot (as the lock-step engine's first position does).
+        for b in going:
+            self.lengths[b] = min(self.lengths[b] + 1, self.reserved[b])
+        window = self._window_for(int(max(self.lengths[going + [e.slot for e in entries]])))
         self.decode_steps += 1
         self.slot_steps += self.B
         put = jnp.asarray
+        use_park = bool((src >= 0).any())
         with self.svc._lock, self.svc._mesh_ctx():
             self.cache, self.state = self._enter(
                 self.svc.graphdef,
                 self.svc.params,
                 self.cache,
                 self.state,
+                self.park_store if use_park else None,
                 put(slots),
                 put(toks),
                 put(num_new),
                 put(reset),
+                put(src),
                 put(mx),
                 put(cstart),
                 key,
@@ -449,19 +581,28 @@ class SlotBatch:
                 window=window,
                 prefill_groups=self.svc.prefill_groups(n, T) if n % 2 == 0 else 1,
             )
+        for e in entries:
+            self.replying.add(e.slot)
+            if e.park_row >= 0:
+                self.park_free.append(e.park_row)
+                self.park_lengths[e.park_row] = 0
 
     def advance(self, exit_done: int = 1):
-        """Dispatches one decode chunk (up to ``chunk_steps`` positions); :meth:`collect` waits for it."""
+        """Dispatches one decode chunk (up to ``chunk_steps`` positions); :meth:`collect` waits for it. The chunk
+        ends early once ``exit_done`` replying slots are done (those done in :meth:`enter`'s step count)."""
         if not self.replying:
             return None
         rows = sorted(self.replying)
         need = int(max(min(self.lengths[b] + self.chunk_steps, self.reserved[b]) for b in rows))
+        watch = np.zeros((self.B,), bool)
+        watch[rows] = True
         with self.svc._lock, self.svc._mesh_ctx():
             self.cache, self.state, steps = self._advance(
                 self.svc.graphdef,
                 self.svc.params,
                 self.cache,
                 self.state,
+                jnp.asarray(watch),
                 jnp.int32(max(int(exit_done), 1)),
                 self.stops,
                 self.constraint,
@@ -515,3 +656,9 @@ class SlotBatch:
                 out.append(Finished(b, out_tok[b, :n].copy(), out_lp[b, :n].copy(), int(finish[b])))
         self.replying -= {f.slot for f in out}
         return out
+
+
+@jax.jit
+def _grow_rows(old, new):
+    """``old``'s rows copied into the first rows of the larger (same positions) ``new``."""
+    return jax.tree.map(lambda o, n: jax.lax.dynamic_update_slice(n, o, (0,) * n.ndim), old, new)

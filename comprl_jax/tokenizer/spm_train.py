@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from comprl_jax.tokenizer.backends import CHATML_TOKENS
 
@@ -29,7 +29,7 @@ def train_sentencepiece(
     name: str = "spm",
     ensure_chars: str = string.printable,
     seed_sentences: int = 4,
-    atomic_symbols: str = "",
+    atomic_symbols: str | Sequence[str] = "",
 ) -> str:
     """Train a SentencePiece model and write it to ``{out_dir}/{name}.model``.
 
@@ -44,9 +44,11 @@ def train_sentencepiece(
       ensure_chars: characters that must be pieces of their own (default: printable ASCII); each is added as
         ``seed_sentences`` one-character training lines (no pairs, so no spurious merges).
       seed_sentences: copies of each ``ensure_chars`` character added to the corpus.
-      atomic_symbols: characters that are always a token of their own and never part of a merge (SentencePiece
-        user-defined symbols), e.g. the glyphs of a game map plus space and newline: a BPE vocabulary then
-        compresses the prose while every map cell stays exactly one token, so grid rows stay aligned.
+      atomic_symbols: characters (a string) or strings (a sequence) that are always a token of their own and never
+        part of a merge (SentencePiece user-defined symbols), e.g. the glyphs of a game map plus space and newline:
+        a BPE vocabulary then compresses the prose while every map cell stays exactly one token, so grid rows stay
+        aligned. Whole words (an env's action names) match longest first: ``northeast`` is one token beside
+        ``north`` and ``east``.
 
     Returns:
       The path of the ``.model`` file.
