@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat setup.py Makefile | sha1sum | cut -c1-12)
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: demo test setup lint bench clean
+.PHONY: demo test setup lint bench clean peers
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,17 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) tests
+
+# Bench-only peers of launch/bench/rollout.py (launch/bench/peers.py), never needed by demo or test: google-tunix
+# without its training-side dependencies (datasets, tensorflow_datasets, ...; the sampler and Qwen3 import without
+# them), and llama-cpp-python built from source (~10 min on 2 cores). Into .peers/, outside the venv.
+PEERS := .peers
+peers: setup
+	$(PIP) install -q --no-deps --target $(PEERS) google-tunix==0.1.7 google-metrax==0.2.4 grain==0.2.18 \
+		qwix==0.1.8 clu==0.0.12 jaxtyping==0.3.11 wadler-lindig==0.1.8 etils==1.15.0 omegaconf==2.4.0 \
+		antlr4-python3-runtime==4.13.2 perfetto==0.59.1 python-dotenv==1.2.4 tenacity==9.2.1 pylatexenc==2.11 \
+		pandas==3.1.1
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q --no-deps --target $(PEERS) llama-cpp-python==0.3.36
 
 lint: setup
 	$(VENV)/bin/ruff check comprl_jax launch configs tests
