@@ -41,7 +41,7 @@ peers: setup
 	$(PIP) install -q --no-deps --target $(PEERS) google-tunix==0.1.7 google-metrax==0.2.4 grain==0.2.18 \
 		qwix==0.1.8 clu==0.0.12 jaxtyping==0.3.11 wadler-lindig==0.1.8 etils==1.15.0 omegaconf==2.4.0 \
 		antlr4-python3-runtime==4.13.2 perfetto==0.59.1 python-dotenv==1.2.4 tenacity==9.2.1 pylatexenc==2.11 \
-		pandas==3.1.1
+		pandas==3.1.1 diskcache==5.6.3
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q --no-deps --target $(PEERS) llama-cpp-python==0.3.36
 
 lint: setup

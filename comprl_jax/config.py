@@ -117,9 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
     # call that ends it early (so they are refilled)
     c.rollout.chunk_steps = 16
     c.rollout.exit_frac = 0.125
-    # Continuous engine: an env step submitted after decode chunk c is waited for during chunk c + env_lag (larger:
-    # slower env steps hidden behind decoding, while other episodes fill the slots)
-    c.rollout.env_lag = 1
+    # Continuous engine: an env step submitted after decode chunk c is waited for during chunk c + env_lag at the
+    # latest; earlier only as far as the next chunk has slots for its episode (slow env steps run behind decoding)
+    c.rollout.env_lag = 32
 
     c.experience = ml_collections.ConfigDict()
     c.experience.enabled = True  # retrieval, bank and extractor at all (False: the outcome-only baseline)

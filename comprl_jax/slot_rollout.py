@@ -11,13 +11,14 @@ is free. The host loop, per chunk ``c``:
    same call advances every other replying slot by one position;
 2. dispatch decode chunk ``c`` (one jitted call of up to ``rollout.chunk_steps`` positions; it ends early once
    ``rollout.exit_frac`` of the slots have finished);
-3. while the device decodes, wait for the env steps due at chunk ``c`` (submitted ``rollout.env_lag`` chunks
-   earlier). Their observations become inputs entered before chunk ``c + 1``;
+3. while the device decodes, wait for env steps, oldest first: every one submitted ``rollout.env_lag`` chunks ago,
+   and more as far as the next chunk has free slots for their episodes. Their observations become inputs entered
+   before chunk ``c + 1``;
 4. read chunk ``c``'s finished replies: search & ask questions are answered (one batched extractor call) and
    enter with the next chunk. Env actions are submitted to the pools.
 
-The schedule depends only on what the device computed, never on timing: an env step is consumed exactly
-``env_lag`` chunks after it was submitted, and the loop blocks when it is late. Sampling keys are per
+The schedule depends only on what the device computed, never on timing: which env steps are waited for, and when,
+follows from counts of episodes and slots, and the loop blocks when a step it needs is late. Sampling keys are per
 (episode, reply): reply ``i`` of episode ``b`` draws with ``fold_in(fold_in(key, b), i)`` in both engines, so a
 rollout is reproducible, a resumed run stays bit-identical, and the lock-step engine plays the very same
 trajectories, sampled or greedy (``tests/test_slot_rollout.py``).
@@ -100,7 +101,7 @@ def run_episodes_continuous(
     slots: int = 0,
     chunk_steps: int = 16,
     exit_frac: float = 0.125,
-    env_lag: int = 1,
+    env_lag: int = 32,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Plays all episodes to the end on ``slots`` KV-cache rows (0 = one per episode). Same arguments and results
     as :func:`comprl_jax.rollout.run_episodes` (no ``gather``: single process), plus:
@@ -221,7 +222,7 @@ def schedule(
     on_result: Callable[[int, Any], bool],
     *,
     exit_frac: float = 0.125,
-    env_lag: int = 1,
+    env_lag: int = 32,
 ) -> dict[str, float]:
     """Drives ``episodes`` through the engine's slots to their ends (the loop of the module docstring).
 
@@ -233,9 +234,11 @@ def schedule(
       on_replies: the chunk's finished replies ``[(b, Finished)]`` -> ``{b: future | None}``: a future (an env
         step; its result goes to ``on_result`` ``env_lag`` chunks later) or None (the next input is ready now).
       on_result: ``(b, result) -> bool``, False when the episode ended.
-      env_lag: an env step submitted after chunk ``c`` is waited for while chunk ``c + env_lag`` decodes, and its
-        episode enters with chunk ``c + env_lag + 1``. Larger lags hide slower env steps (while other episodes
-        fill the slots); the schedule never depends on timing, only on what the device computed.
+      env_lag: an env step submitted after chunk ``c`` is waited for while chunk ``c + env_lag`` decodes at the
+        latest (its episode enters with the next chunk). Earlier, while a chunk decodes, the oldest env steps are
+        waited for only as far as the next chunk has room for their episodes, so slower env steps run behind
+        decoding while other episodes fill the slots. The schedule depends on what the device computed, never on
+        timing.
     Returns:
       Timing: ``gen_s`` (dispatching and waiting for the device), ``env_s`` (waiting for env steps that were not
       done when due), ``device_idle_s`` (an upper bound: host work between chunks, and env waits that outlasted
@@ -248,8 +251,8 @@ def schedule(
     slot_of: dict[int, int] = {}  # episode -> slot
     park_row: dict[int, int] = {}  # episode -> its parked row (it holds no slot)
     ready: list[int] = []  # episodes whose next input is ready, in the order they became ready
-    due: dict[int, list[tuple[int, Any]]] = {}  # chunk -> env steps to wait for while it decodes
-    due_at: dict[int, int] = {}  # episode -> the chunk its env step is due
+    pending: deque[tuple[int, Any]] = deque()  # submitted env steps, oldest first: (episode, future)
+    due_at: dict[int, int] = {}  # episode -> the chunk its env step is due at the latest
     exit_done = max(1, int(round(exit_frac * engine.B)))
     t_gen = t_env = idle = 0.0
     generated = 0
@@ -318,8 +321,13 @@ def schedule(
         # 2. Dispatch the decode chunk (asynchronous: the device works while the host waits for env steps).
         handle = engine.advance(exit_done)
         t1 = time.perf_counter()
-        # 3. The env steps due now: their episodes enter with the next chunk.
-        for b, fut in sorted(due.pop(chunk, []), key=lambda x: x[0]):
+        # 3. Env steps, oldest first: those due now, then as many as the next chunk can take (the slots free or
+        # held by an episode waiting on its env, and the slots expected to finish in this chunk) beyond the
+        # episodes already ready. Their episodes enter with the next chunk. Counts of what the device computed
+        # decide how many are taken, never timing, so the schedule is reproducible.
+        room = len(free) + sum(1 for b in occupant.values() if b in due_at) + exit_done
+        while pending and (due_at[pending[0][0]] <= chunk or len(ready) + len(waiting) < room):
+            b, fut = pending.popleft()
             del due_at[b]
             if on_result(b, fut.result()):
                 ready.append(b)
@@ -338,10 +346,10 @@ def schedule(
             if fut is None:
                 ready.append(b)
             else:
-                due.setdefault(chunk + env_lag, []).append((b, fut))
+                pending.append((b, fut))
                 due_at[b] = chunk + env_lag
         chunk += 1
-        if not (engine.replying or due or ready or waiting):
+        if not (engine.replying or pending or ready or waiting):
             break
     return {
         "gen_s": t_gen,

@@ -46,8 +46,14 @@ def _best(fn, reps: int) -> tuple[float, object]:
     return best, out
 
 
-def tunix_line(batch: int, prompt: int, new: int, reps: int = 3, seed: int = 0) -> dict:
-    """Ours vs Tunix's sampler on one tiny Qwen3, greedy: tokens/s of each and their ratio."""
+def tunix_line(batch: int, prompt: int, new: int, max_context: int = 0, reps: int = 3, seed: int = 0) -> dict:
+    """Ours vs Tunix's sampler on one tiny Qwen3, greedy: tokens/s of each and their ratio.
+
+    ``max_context``: 0 sizes both KV caches to the request (prompt + new: Tunix's best case); otherwise both
+    samplers hold a cache of that many positions, as a rollout sized for its longest episode does (ours: a
+    ``Conversation`` of that ``max_len``, whose turns attend over a window of the live context; Tunix attends
+    over its whole cache).
+    """
     peer_path()
     try:
         from tunix.generate import sampler as tunix_sampler
@@ -76,7 +82,16 @@ def tunix_line(batch: int, prompt: int, new: int, reps: int = 3, seed: int = 0) 
 
     svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
     sp = SamplingParams(max_new_tokens=new, greedy=True)
-    ours_s, res = _best(lambda: svc.generate(prompts, jax.random.key(0), sp), reps)
+    if max_context:
+
+        def ours():
+            conv = svc.conversation(batch, max_context)
+            conv.cache = svc.new_cache(batch, max_context)  # the whole capacity, as Tunix's
+            return conv.turn(prompts, jax.random.key(0), sp)
+
+        ours_s, res = _best(ours, reps)
+    else:
+        ours_s, res = _best(lambda: svc.generate(prompts, jax.random.key(0), sp), reps)
 
     with tempfile.TemporaryDirectory() as d:
         save_hf(d, cfg, params)
@@ -115,7 +130,7 @@ def tunix_line(batch: int, prompt: int, new: int, reps: int = 3, seed: int = 0) 
             return 0
 
     cache = tunix_sampler.CacheConfig(
-        cache_size=prompt + new + 8,
+        cache_size=max_context or prompt + new + 8,
         num_layers=cfg.num_layers,
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
@@ -146,6 +161,7 @@ def tunix_line(batch: int, prompt: int, new: int, reps: int = 3, seed: int = 0) 
         "batch": batch,
         "prompt_tokens": prompt,
         "new_tokens": new,
+        "kv_cache": max_context or "prompt + new",
         "ours_tokens_s": round(generated / ours_s, 1),
         "tokens_s": round(generated / their_s, 1),
         "ratio": round(their_s / ours_s, 3),
@@ -186,6 +202,8 @@ def llama_cpp_line(batch: int, prompt: int, new: int, reps: int = 2, threads: in
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     ours_s, res = _best(lambda: svc.generate(prompts, jax.random.key(0), sp), reps)
 
+    quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
+    llama_cpp.llama_log_set(quiet, None)  # its load / context logs would bury the JSON lines
     llama_cpp.llama_backend_init()
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
