@@ -239,8 +239,19 @@ def mesh_sampler_cls():
     from comprl_jax.sampling import SamplerService
 
     class MeshSampler(SamplerService):
-        def run(self, cache, rows, max_new, key, sp, stop_strings=(), constraint=None, context_need=None):
-            res = super().run(cache, rows, max_new, key, sp, stop_strings, constraint, context_need)
+        def run(
+            self,
+            cache,
+            rows,
+            max_new,
+            key,
+            sp,
+            stop_strings=(),
+            constraint=None,
+            context_need=None,
+            key_ids=None,
+        ):
+            res = super().run(cache, rows, max_new, key, sp, stop_strings, constraint, context_need, key_ids)
             if not multi() or self.mesh is None:
                 return res
             rep = NamedSharding(self.mesh, PartitionSpec())

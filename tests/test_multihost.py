@@ -109,8 +109,10 @@ def test_two_processes_identical_replicas(tmp_path, placement, steps, request, x
     assert [r["step"] for r in rows] == list(range(steps))  # process 0 writes the metrics
     assert rows[-1]["bank/size"] >= 1 and rows[-1]["bank/searches"] > 0
     assert rows[-1]["actor/step"] == steps  # one optimizer step per rollout batch, on every process
-    if steps > 1:  # the parameters actually moved (one step of 8 random episodes may hold no success at all)
-        assert any(r.get("actor/grad_norm", 0) > 0 for r in rows)
+    # The update saw a learning signal exactly when some group had mixed outcomes (non-zero advantages); 8 random
+    # episodes a step may hold no success at all, so which case a run lands in is up to its random stream.
+    signal = any(r.get(f"actor/adv_std_{h}", 0) > 0 for r in rows for h in ("free", "guided"))
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in rows) == signal
     # One Orbax checkpoint per step (every process took part) and one experience store (process 0 wrote it).
     assert sorted(os.listdir(work / "checkpoints")) == [str(s) for s in range(1, steps + 1)]
     assert (work / "experience" / str(steps) / "entries.json").exists()

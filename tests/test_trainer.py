@@ -100,7 +100,10 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
     if c.method in ("static_online", "offline"):  # a frozen extractor records no training samples
         assert all(r["bank/extractor_buffer"] == 0 for r in rows)
     if c.method == "offline":  # the bank was built (and merged) before step 0, outside the step budget
-        assert (tmp_path / "checkpoints" / "0").is_dir() and rows[0]["bank/size"] > 0
+        # The build distilled every build episode; whether the random-init extractor answers `add` or `return`
+        # (so whether the bank ends up empty) is up to its random weights, not to the loop.
+        assert (tmp_path / "checkpoints" / "0").is_dir()
+        assert rows[0]["bank/ops_submitted"] >= c.rollout.tasks_per_step * c.rollout.group_size
         assert rows[-1]["bank/merge_passes"] == 1 and rows[0]["bank/size"] == rows[-1]["bank/size"]
     # Search & ask is live in the full method (guided episodes) and absent from its ablation.
     if name == "ablation_no_search_ask" or c.method in ("baseline", "blank_exp"):
