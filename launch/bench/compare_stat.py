@@ -111,8 +111,9 @@ def main(argv):
             if method == "baseline" or not s["free_second_half"]:
                 continue
             (m1, e1, _), (m0, e0, _) = s["free_second_half"], base["free_second_half"]
-            se = math.sqrt((e1 or 0) ** 2 + (e0 or 0) ** 2)
-            z = (m1 - m0) / se if se else float("nan")
+            # one seed per arm has no standard error: se and z are null (json.dumps would write NaN, not JSON)
+            se = math.sqrt(e1**2 + e0**2) if e1 is not None and e0 is not None else None
+            z = (m1 - m0) / se if se else None
             print(
                 json.dumps(
                     {
