@@ -159,6 +159,10 @@ def base_config() -> ml_collections.ConfigDict:
     # positions at a time (0 = full [B, T, V] logits). Same values either way; tiny models turn both off.
     c.actor.remat = True
     c.actor.logits_chunk = 2048
+    # Partial fine-tuning (a deviation from the paper, for CPU-sized runs): train only the top N layers and the
+    # final norm; the embedding, the layers below and the output head stay as loaded (0 = every parameter trains).
+    # The backward pass stops at the first trained layer. Needs weight_decay = 0 (frozen weights must not decay).
+    c.actor.trainable_layers = 0
 
     c.extractor = ml_collections.ConfigDict()
     c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
@@ -187,6 +191,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.constrained = False
     c.extractor.remat = True
     c.extractor.logits_chunk = 2048
+    c.extractor.trainable_layers = 0  # as actor.trainable_layers
     c.extractor.train = True  # False: a frozen extractor (Static Online Exp., Offline Exp., and the baseline)
 
     c.bank = ml_collections.ConfigDict()
@@ -362,6 +367,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for role in ("actor", "extractor"):
         loss_config(c, role)  # the loss dataclass checks its own values; the error names the config key
     _check(c.actor.lr > 0 and c.extractor.lr > 0, "actor.lr / extractor.lr", "must be positive")
+    for role in ("actor", "extractor"):
+        r = c[role]
+        _check(r.trainable_layers >= 0, f"{role}.trainable_layers", "must be >= 0 (0 = every layer trains)")
+        _check(
+            not r.trainable_layers or r.weight_decay == 0,
+            f"{role}.weight_decay",
+            f"must be 0 with {role}.trainable_layers={r.trainable_layers} (decay would change the frozen weights)",
+        )
     _check(c.extractor.buffer_size >= 1, "extractor.buffer_size", "must be >= 1")
     for role in ("actor", "extractor"):
         _check(c[role].logits_chunk >= 0, f"{role}.logits_chunk", "must be >= 0 (0 = full logits)")
@@ -531,12 +544,28 @@ RENAMED_KEYS = {
 }
 
 
+# Keys added since older run directories wrote their config.json: dotted key -> the value that reproduces what
+# those runs did (an older run resumes with it, not with a spurious config change).
+ADDED_KEYS = {
+    "actor.trainable_layers": 0,
+    "extractor.trainable_layers": 0,
+}
+
+
 def upgrade_saved(tree: dict) -> dict:
-    """A saved config tree (a run's ``config.json``) with :data:`RENAMED_KEYS` moved to their current place
-    (a copy), so an older run resumes and evaluates without a spurious config change."""
+    """A saved config tree (a run's ``config.json``) with :data:`RENAMED_KEYS` moved to their current place and
+    :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and evaluates without a
+    spurious config change."""
     import copy
 
     tree = copy.deepcopy(tree)
+    for key, value in ADDED_KEYS.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(leaf, value)
     for old, new in RENAMED_KEYS.items():
         *parents, leaf = old.split(".")
         node = tree

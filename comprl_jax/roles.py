@@ -69,16 +69,29 @@ class Role:
     rows: int = 0
 
 
-def scorer(graphdef, remat: bool, logits_chunk: int):
+def scorer(graphdef, remat: bool, logits_chunk: int, frozen_layers: int = 0):
     """The model as the updates see it: plain logits, or trunk + output head scored ``logits_chunk`` positions
-    at a time (:class:`~comprl_jax.rl.update.ChunkedHead`); ``remat`` recomputes each layer in the backward."""
+    at a time (:class:`~comprl_jax.rl.update.ChunkedHead`); ``remat`` recomputes each layer in the backward;
+    ``frozen_layers`` > 0 trains only the layers above them and the final norm (``decoder.forward``)."""
+    fwd = functools.partial(decoder.forward, graphdef, remat=remat, frozen_layers=frozen_layers)
     if not logits_chunk:
-        return functools.partial(decoder.forward, graphdef, remat=remat)
+        return fwd
     return ChunkedHead(
-        functools.partial(decoder.forward, graphdef, return_hidden=True, remat=remat),
-        functools.partial(decoder.logits_from_hidden, graphdef),
+        functools.partial(fwd, return_hidden=True),
+        functools.partial(decoder.logits_from_hidden, graphdef, frozen_head=frozen_layers > 0),
         logits_chunk,
     )
+
+
+def frozen_layers(model: LoadedModel, name: str, trainable_layers: int) -> int:
+    """Layers below the trained ones for ``{name}.trainable_layers`` (0: every layer trains, nothing frozen)."""
+    n = model.cfg.num_layers
+    if not 0 <= trainable_layers <= n:
+        raise ValueError(
+            f"config key {name}.trainable_layers={trainable_layers} must be in [0, {n}] for {name}.model "
+            f"({n} layers; 0 trains every parameter)"
+        )
+    return n - trainable_layers if trainable_layers else 0
 
 
 def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=None) -> Role:
@@ -105,7 +118,8 @@ def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=Non
     micro = rows // cfg.micro_batch
     tx = make_optimizer(OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip))
     state = create_train_state(model.params, tx, mesh)
-    logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk)
+    frozen = frozen_layers(model, name, cfg.trainable_layers)
+    logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk, frozen)
     shardings = None if mesh is None else train_state_shardings(state, mesh)
     update = make_update_fn(
         logits_fn, loss_cfg, tx, num_micro_batches=micro, mesh=mesh, state_shardings=shardings

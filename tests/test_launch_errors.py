@@ -48,6 +48,18 @@ CASES = [
     ("out-of-range value", [TINY, "--config.actor.loss.clip_eps=3"], 2, "error: config key actor.loss.clip_eps: must be in (0, 1)"),
     # 16.3: validate() runs on the final config, after the command line's overrides
     ("odd group size", [TINY, "--config.rollout.group_size=3"], 2, "error: config key rollout.group_size: must be even"),
+    (
+        "decay with frozen layers",
+        [TINY, "--config.actor.trainable_layers=1", "--config.actor.weight_decay=0.1"],
+        2,
+        "error: config key actor.weight_decay: must be 0 with actor.trainable_layers=1",
+    ),
+    (
+        "too many trainable layers",
+        [TINY, "--config.extractor.trainable_layers=3", "--config.train.steps=1"],
+        2,
+        "error: config key extractor.trainable_layers=3 must be in [0, 2] for extractor.model",
+    ),
     ("bad value type", [TINY, "--config.actor.lr=abc"], 2, "error: flag --config.actor.lr=abc: could not convert"),
     ("unknown flag", [TINY, "--no_such_flag=1"], 2, "error: Unknown command line flag 'no_such_flag'"),
 ]  # fmt: skip

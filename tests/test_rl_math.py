@@ -219,13 +219,16 @@ def test_an_older_runs_config_json_is_upgraded_to_the_loss_sub_dicts():
 
     old = {"actor": {"lr": 1e-3, "clip_eps": 0.3, "ratio": "sequence"}, "extractor": {"cispo_eps": 0.2}}
     new = config_lib.upgrade_saved(old)
-    assert new == {
-        "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}},
-        "extractor": {"loss": {"clip_eps": 0.2}},
+    assert new == {  # runs from before partial fine-tuning trained every layer
+        "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}, "trainable_layers": 0},
+        "extractor": {"loss": {"clip_eps": 0.2}, "trainable_layers": 0},
     }
     assert old["actor"]["clip_eps"] == 0.3  # a copy
     current = config_lib.build("tiny", "t").to_dict()
     assert config_lib.upgrade_saved(current) == current
+    with_frozen = config_lib.build("tiny", "t")
+    with_frozen.actor.trainable_layers = 1
+    assert config_lib.upgrade_saved(with_frozen.to_dict())["actor"]["trainable_layers"] == 1
 
 
 def test_the_loss_config_type_selects_the_loss_functions():

@@ -156,6 +156,19 @@ def _finish(cfg: ModelConfig, p: dict, x: jax.Array, attn: jax.Array, valid: jax
     return x + L.swiglu(h, p["gate_proj"], p["up_proj"], p["down_proj"]), None
 
 
+def _split_frozen(segments, frozen_layers: int):
+    """``(xs, frozen)`` per layer scan: each :meth:`Layers.segments` run cut at layer ``frozen_layers`` (the
+    layers below it are frozen)."""
+    out = []
+    for (_, a, b, _), xs in segments:
+        k = min(max(frozen_layers - a, 0), b - a)  # this run's frozen layers
+        if k:
+            out.append(({n: v[:k] for n, v in xs.items()}, True))
+        if k < b - a:
+            out.append(({n: v[k:] for n, v in xs.items()} if k else xs, False))
+    return out
+
+
 class Decoder(nnx.Module):
     """Decoder-only transformer. Use through :func:`forward` / :func:`extend` on ``nnx.split`` state."""
 
@@ -175,19 +188,21 @@ class Decoder(nnx.Module):
         # 0 * NaN in the masked attention sum would poison the valid rows of the batch.
         return jnp.take(self.embed[...], tokens, axis=0, mode="clip").astype(jnp.dtype(self.cfg.dtype))
 
-    def _head(self, x: jax.Array, return_hidden: bool) -> jax.Array:
+    def _head(self, x: jax.Array, return_hidden: bool, frozen_head: bool = False) -> jax.Array:
         h = L.rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
         if return_hidden:
             return h.astype(jnp.float32)
-        return self.logits(h)
+        return self.logits(h, frozen_head)
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """Final-normed hidden ``[B, T, D]`` in the compute dtype -> logits ``[B, T, V]`` float32."""
+    def logits(self, h: jax.Array, frozen_head: bool = False) -> jax.Array:
+        """Final-normed hidden ``[B, T, D]`` in the compute dtype -> logits ``[B, T, V]`` float32.
+        ``frozen_head``: no gradient reaches the output head's weights (gradients still reach ``h``)."""
+        grad = jax.lax.stop_gradient if frozen_head else (lambda w: w)
         if self.cfg.tie_word_embeddings:
-            w = self.embed[...].astype(h.dtype)
+            w = grad(self.embed[...]).astype(h.dtype)
             return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
         return jnp.einsum(
-            "btd,dv->btv", h, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32
+            "btd,dv->btv", h, grad(self.lm_head[...]).astype(h.dtype), preferred_element_type=jnp.float32
         )
 
     def __call__(
@@ -199,6 +214,7 @@ class Decoder(nnx.Module):
         return_hidden: bool = False,
         remat: bool = False,
         return_aux: bool = False,
+        frozen_layers: int = 0,
     ):
         """See :func:`forward`."""
         cfg = self.cfg
@@ -219,11 +235,13 @@ class Decoder(nnx.Module):
             body = jax.checkpoint(body)
         x = constrain_batch(self._embed(tokens))
         moe_stats = []
-        for _, xs in self.layers.segments():
+        for xs, frozen in _split_frozen(self.layers.segments(), frozen_layers):
+            if frozen:  # no gradient into these layers or below: JAX builds no backward pass for them
+                x, xs = jax.lax.stop_gradient((x, xs))
             x, stats = jax.lax.scan(body, x, xs)
             if stats is not None:
                 moe_stats.append(stats)
-        out = self._head(x, return_hidden)
+        out = self._head(x, return_hidden, frozen_head=frozen_layers > 0)
         return (out, moe.aux_outputs(cfg, moe_stats)) if return_aux else out
 
     def extend(
@@ -322,6 +340,7 @@ def forward(
     return_hidden: bool = False,
     remat: bool = False,
     return_aux: bool = False,
+    frozen_layers: int = 0,
 ):
     """Full-sequence forward pass without a cache (training, scoring, embedding).
 
@@ -334,12 +353,23 @@ def forward(
         load-balancing loss over the valid tokens (0 for a dense model; add ``coef * aux["load_balancing_loss"]``
         to a loss to use it), per-expert counts, the dropped fraction and the routing decisions. Whatever the
         caller does not use is removed by XLA.
+      frozen_layers: partial fine-tuning: no gradient reaches the embedding, the first ``frozen_layers`` layers
+        or the output head (0: every parameter trains). Values are unchanged; the backward pass stops at the
+        first trained layer, so it costs what the trained layers cost.
     Returns:
       logits ``[B, T, V]`` float32, or hidden ``[B, T, D]`` float32. Rows of invalid tokens are meaningless.
       With ``return_aux``: ``(that, aux)``.
     """
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions, mask, return_hidden=return_hidden, remat=remat, return_aux=return_aux)
+    return model(
+        tokens,
+        positions,
+        mask,
+        return_hidden=return_hidden,
+        remat=remat,
+        return_aux=return_aux,
+        frozen_layers=frozen_layers,
+    )
 
 
 def extend(
@@ -374,9 +404,10 @@ def count_params(params) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def logits_from_hidden(graphdef, params, hidden: jax.Array) -> jax.Array:
+def logits_from_hidden(graphdef, params, hidden: jax.Array, frozen_head: bool = False) -> jax.Array:
     """The output head alone: ``hidden [B, C, D]`` (from ``forward(..., return_hidden=True)``) -> logits
-    ``[B, C, V]`` float32, equal to ``forward``'s logits at those positions (chunked scoring in updates)."""
+    ``[B, C, V]`` float32, equal to ``forward``'s logits at those positions (chunked scoring in updates).
+    ``frozen_head``: no gradient reaches the head's weights (``forward(frozen_layers > 0)``'s head)."""
     model = nnx.merge(graphdef, params)
     # back to the trunk's compute dtype: the float32 cast in forward(return_hidden=True) was lossless
-    return model.logits(hidden.astype(jnp.dtype(model.cfg.dtype)))
+    return model.logits(hidden.astype(jnp.dtype(model.cfg.dtype)), frozen_head)
