@@ -7,8 +7,9 @@ batch. Both roles train off-policy-correctly:
   exact sampled ids, so nothing is re-encoded;
 * the actor's ``old_logprobs`` (PPO's pi_old) are those of the pre-update weights, recomputed once for the whole
   batch before its first optimizer step; with ``actor.updates_per_batch > 1`` the later mini-batches see
-  rho != 1 and the clip acts. ``logprob_mismatch`` reports |sampler - trainer| on the same weights (~1e-6 in
-  float32: a larger value means the two code paths disagree);
+  rho != 1 and the clip acts. With one step per batch pi_old *is* the current weights, so the update takes it
+  from its own forward pass (no separate pass). ``logprob_mismatch`` reports |sampler - trainer| on the same
+  weights (~1e-6 in float32: a larger value means the two code paths disagree);
 * the extractor's ``old_logprobs`` are the behaviour log-probabilities of the weights that *wrote* each sample
   (it may have waited through several updates in the buffer), so CISPO's importance weight is the real one.
 """
@@ -35,12 +36,13 @@ from comprl_jax.rl import (
     make_update_fn,
     train_state_shardings,
 )
+from comprl_jax.rl import update as update_lib
 from comprl_jax.rl.losses import is_max_metric
 from comprl_jax.rl.update import ChunkedHead
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
 
-BEHAVIOUR = "behaviour_logprobs"  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
-BEHAVIOUR_MASK = "behaviour_mask"  # [R, T] float32, 1 where BEHAVIOUR is known and the token is trained on
+BEHAVIOUR = update_lib.BEHAVIOUR  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
+BEHAVIOUR_MASK = update_lib.BEHAVIOUR_MASK  # [R, T] float32, 1 where BEHAVIOUR is known and trained on
 USE_BEHAVIOUR = "use_behaviour"  # [R] bool, rows whose old_logprobs are the behaviour ones (extractor)
 
 
@@ -169,6 +171,14 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
     if total % role.rows:
         raise ValueError(f"{role.name} batch of {total} rows is not a multiple of its step size {role.rows}")
     n = total // role.rows
+    if n == 1 and use is None:
+        # One optimizer step on fresh samples: pi_old is the current weights, and the update takes it from its
+        # own forward pass (rl.update.loss_and_metrics) instead of a separate pass over the batch.
+        if behaviour is not None:
+            host.update({BEHAVIOUR: behaviour, BEHAVIOUR_MASK: bmask})
+        role.state, m = role.update(role.state, _put(role, host))
+        role.sampler.update_params(role.state.params)
+        return _combine([m], [])
     parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
     dev = [_put(role, p) for p in parts]
     old = [role.logprobs(role.state.params, d) for d in dev]  # pi_old: the weights before this batch's steps

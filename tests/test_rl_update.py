@@ -13,7 +13,14 @@ from comprl_jax.models.config import ModelConfig
 from comprl_jax.models.decoder import forward, init_decoder, logits_from_hidden
 from comprl_jax.rl import losses
 from comprl_jax.rl.train_state import OptimConfig, create_train_state, make_optimizer, train_state_shardings
-from comprl_jax.rl.update import ChunkedHead, accumulate_gradients, make_logprob_fn, make_update_fn
+from comprl_jax.rl.update import (
+    BEHAVIOUR,
+    BEHAVIOUR_MASK,
+    ChunkedHead,
+    accumulate_gradients,
+    make_logprob_fn,
+    make_update_fn,
+)
 
 CFG = ModelConfig.tiny("qwen3", vocab_size=64)
 
@@ -285,3 +292,33 @@ def _matmuls(jaxpr) -> int:
                 if hasattr(inner, "eqns"):
                     n += times * _matmuls(inner)
     return n
+
+
+def test_one_step_batch_takes_pi_old_from_its_own_forward_pass():
+    """Without ``old_logprobs`` (one optimizer step on fresh samples, ``roles.dispatch_update``) the update uses its
+    own forward pass as pi_old: the same gradient and loss as with a separate pi_old pass, rho = 1 exactly, and
+    ``logprob_mismatch`` against the sampler's log-probs when the batch carries them."""
+    logits_fn, params, logprob_fn = model()
+    cfg = losses.ActorLossConfig()
+    batch = make_batch(5)
+    old = np.asarray(logprob_fn(params, batch))
+    noise = (
+        np.random.default_rng(0).normal(scale=0.01, size=old.shape).astype(np.float32) * batch["loss_mask"]
+    )
+    sampler_side = {BEHAVIOUR: old + noise, BEHAVIOUR_MASK: batch["loss_mask"]}
+    grad = jax.jit(lambda b: accumulate_gradients(logits_fn, cfg, params, b, 2))
+    g_explicit, _ = grad({**batch, "old_logprobs": old})
+    g_own, _ = grad({**batch, **sampler_side})
+    assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g_own)) > 1e-3
+    for a, b in zip(jax.tree.leaves(g_explicit), jax.tree.leaves(g_own), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    tx = make_optimizer(OptimConfig(lr=1e-2))
+    update = make_update_fn(logits_fn, cfg, tx, num_micro_batches=2)
+    fresh = functools.partial(create_train_state, tx=tx)
+    _, m_explicit = update(fresh(jax.tree.map(jnp.copy, params)), {**batch, "old_logprobs": old})
+    _, m_own = update(fresh(jax.tree.map(jnp.copy, params)), {**batch, **sampler_side})
+    assert float(m_own["ratio"]) == 1.0 and float(m_own["clipfrac"]) == 0.0
+    np.testing.assert_allclose(m_own["pg_loss"], m_explicit["pg_loss"], rtol=1e-5, atol=1e-7)
+    expected = np.sum(np.abs(noise)) / np.sum(batch["loss_mask"])  # mean |trainer - sampler| over the mask
+    np.testing.assert_allclose(m_own["logprob_mismatch"], expected, rtol=1e-3)
+    assert "logprob_mismatch" not in m_explicit

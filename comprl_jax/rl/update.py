@@ -109,12 +109,30 @@ def compute_logprobs(
     return merge_micro_batches(jax.lax.map(one, micro))
 
 
+# Optional batch keys: the sampler's log-probability of each sampled token and where it is known. With them the
+# update reports ``logprob_mismatch`` (mean |trainer - sampler| there) when it computes pi_old itself.
+BEHAVIOUR = "behaviour_logprobs"  # [B, T] float32 (0 elsewhere)
+BEHAVIOUR_MASK = "behaviour_mask"  # [B, T] float32
+
+
 def loss_and_metrics(logits_fn: LogitsFn, cfg, params, batch):
     """Forward + loss for one micro-batch (its ``token_weight`` already set from the full batch); ``cfg``'s type
-    selects the loss (:func:`~comprl_jax.rl.losses.loss_functions`)."""
+    selects the loss (:func:`~comprl_jax.rl.losses.loss_functions`).
+
+    A batch without ``old_logprobs`` is one optimizer step on samples of the current weights: pi_old is then
+    this forward pass's own log-probabilities (stop-gradient; rho = 1 exactly), which saves the separate pi_old
+    pass. Same loss and gradient as passing them in (rho = 1 up to float rounding there)."""
     loss_fn, _ = loss_functions(cfg)
     logp, ent = model_logprobs(logits_fn, params, batch, cfg.compute_entropy)
-    return loss_fn(logp, ent, batch, cfg)
+    if "old_logprobs" in batch:
+        return loss_fn(logp, ent, batch, cfg)
+    old = jax.lax.stop_gradient(logp) * batch["loss_mask"].astype(jnp.float32)
+    loss, metrics = loss_fn(logp, ent, {**batch, "old_logprobs": old}, cfg)
+    if BEHAVIOUR in batch:
+        bmask = batch[BEHAVIOUR_MASK].astype(jnp.float32)
+        gap = jnp.sum(jnp.abs(old - batch[BEHAVIOUR]) * bmask)
+        metrics = {**metrics, "logprob_mismatch": (gap, jnp.sum(bmask))}
+    return loss, metrics
 
 
 def accumulate_gradients(
