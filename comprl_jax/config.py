@@ -552,6 +552,15 @@ ADDED_KEYS = {
 }
 
 
+def _parent(tree: dict, dotted: str) -> tuple[dict | None, str]:
+    """``(the dict holding dotted key's leaf, or None where a parent is missing, the leaf name)``."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), leaf
+
+
 def upgrade_saved(tree: dict) -> dict:
     """A saved config tree (a run's ``config.json``) with :data:`RENAMED_KEYS` moved to their current place and
     :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and evaluates without a
@@ -560,18 +569,12 @@ def upgrade_saved(tree: dict) -> dict:
 
     tree = copy.deepcopy(tree)
     for key, value in ADDED_KEYS.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        node, leaf = _parent(tree, key)
+        if node is not None:
             node.setdefault(leaf, value)
     for old, new in RENAMED_KEYS.items():
-        *parents, leaf = old.split(".")
-        node = tree
-        for p in parents:
-            node = node.get(p, {}) if isinstance(node, dict) else {}
-        if not isinstance(node, dict) or leaf not in node:
+        node, leaf = _parent(tree, old)
+        if node is None or leaf not in node:
             continue
         value = node.pop(leaf)
         *new_parents, new_leaf = new.split(".")
