@@ -220,15 +220,14 @@ class Decoder(nnx.Module):
         cfg = self.cfg
         t = tokens.shape[1]
         cos, sin = L.rope_cos_sin(cfg, positions)
-        idx = jnp.arange(t)
-        # Causal in column order among valid (mask) keys; positions only drive RoPE.
-        allowed = (idx[None, :, None] >= idx[None, None, :]) & mask[:, None, :].astype(bool)
-
+        # Causal in column order among valid (mask) keys; positions only drive RoPE. No [B, T, T] mask: each
+        # attention chunk builds its own from these two vectors (layers.visible).
+        q_pos = jnp.arange(t, dtype=jnp.int32)[None, :]
         valid = mask.astype(bool)
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            x, stats = _finish(cfg, p, x, L.attention(q, k, v, allowed, causal=True), valid)
+            x, stats = _finish(cfg, p, x, L.attention(q, k, v, q_pos, valid, causal=True), valid)
             return constrain_batch(x), stats
 
         if remat:
@@ -258,8 +257,7 @@ class Decoder(nnx.Module):
         slots = jnp.where(valid, positions, s)
         rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
         new_len = cache.lengths + num_new
-        key = jnp.arange(s)[None, None, :]
-        allowed = (key <= positions[:, :, None]) & (key < new_len[:, None, None])  # [B, T, S]
+        k_valid = jnp.arange(s)[None, :] < new_len[:, None]  # [B, S]; query t sees slots <= positions[b, t]
         cos, sin = L.rope_cos_sin(cfg, positions)
 
         def body(carry, xs):
@@ -269,7 +267,7 @@ class Decoder(nnx.Module):
             # Scatter into the full [L, ...] carry so XLA updates the cache buffer in place.
             ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
-            attn = L.attention(q, ck[layer], cv[layer], allowed)
+            attn = L.attention(q, ck[layer], cv[layer], positions, k_valid)
             x, _ = _finish(cfg, p, x, attn, valid)
             return (constrain_batch(x), ck, cv), None
 

@@ -118,35 +118,62 @@ QUERY_CHUNK = 512
 CAUSAL_BANDS = 4
 
 
-def _attention_dense(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+def visible(q_pos: jax.Array, k_valid: jax.Array, k_start: int = 0) -> jax.Array:
+    """Which keys each query sees, ``[B, T, S]`` bool, built from per-row vectors where it is used (one query
+    chunk at a time) instead of carried through the model: key ``k_start + s`` is visible to query ``t`` of row
+    ``b`` iff it is valid (``k_valid[b, s]``) and not after the query (``k_start + s <= q_pos[b, t]``).
+
+    Args:
+      q_pos: ``[B, T]`` int32, the key index (column) each query sits at. k_valid: ``[B, S]`` bool.
+    """
+    key = k_start + jnp.arange(k_valid.shape[1], dtype=jnp.int32)
+    return (key[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]
+
+
+def _attention_dense(
+    q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_valid: jax.Array
+) -> jax.Array:
     b, t, h, dh = q.shape
     hkv = k.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, hkv, h // hkv, dh)
     s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32)) * (dh**-0.5)
-    s = jnp.where(allowed[:, None, None], s, NEG_INF)
+    s = jnp.where(visible(q_pos, k_valid)[:, None, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
     return o.reshape(b, t, h * dh).astype(q.dtype)
 
 
 def attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, causal: bool = False
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_valid: jax.Array,
+    causal: bool = False,
 ) -> jax.Array:
     """Grouped-query attention, plain einsum + mask + softmax in float32 (query-chunked when long).
 
+    No ``[B, T, S]`` mask is taken or kept: the visibility of a query chunk's keys is rebuilt from ``q_pos`` and
+    ``k_valid`` inside the chunk (:func:`visible`), so nothing quadratic in the length outlives one chunk (a
+    carried ``[B, T, T]`` bool mask is 1 GiB per row at 32k tokens, 4 GiB at 64k).
+
     Args:
       q: ``[B, T, H, Dh]`` queries. k, v: ``[B, S, Hkv, Dh]`` keys/values (H a multiple of Hkv).
-      allowed: ``[B, T, S]`` bool, which keys each query may see.
-      causal: keys are the queries' own sequence (S == T) and ``allowed`` is lower-triangular, so a band of
-        query chunks only needs the key prefix up to its end (``CAUSAL_BANDS``).
+      q_pos: ``[B, T]`` int32, each query's own key index: it sees keys ``<= q_pos`` (causal). A full forward
+        passes ``arange(T)``; a cache extend passes each token's cache slot.
+      k_valid: ``[B, S]`` bool, keys that exist (not padding, inside the row's filled cache).
+      causal: keys are the queries' own sequence (S == T, ``q_pos = arange(T)``), so a band of query chunks only
+        needs the key prefix up to its end (``CAUSAL_BANDS``).
     Returns:
       ``[B, T, H * Dh]`` in ``q.dtype``. Chunking only changes the peak memory, not the result: each query row's
       softmax sees the same keys.
     """
     b, t, h, dh = q.shape
+    q_pos = jnp.broadcast_to(q_pos.astype(jnp.int32), (b, t))
+    k_valid = jnp.broadcast_to(k_valid.astype(bool), (b, k.shape[1]))
     c = QUERY_CHUNK
     if t <= c or t % c:
-        return _attention_dense(q, k, v, allowed)
+        return _attention_dense(q, k, v, q_pos, k_valid)
     n = t // c
     if causal and k.shape[1] == t:
         bands = max(d for d in range(1, min(CAUSAL_BANDS, n) + 1) if n % d == 0)
@@ -154,20 +181,22 @@ def attention(
         outs = []
         for i in range(bands):
             e = (i + 1) * w  # band i's queries see keys [:e] at most
-            outs.append(_chunked_queries(q[:, i * w : e], k[:, :e], v[:, :e], allowed[:, i * w : e, :e]))
+            outs.append(
+                _chunked_queries(q[:, i * w : e], k[:, :e], v[:, :e], q_pos[:, i * w : e], k_valid[:, :e])
+            )
         return jnp.concatenate(outs, axis=1)
-    return _chunked_queries(q, k, v, allowed)
+    return _chunked_queries(q, k, v, q_pos, k_valid)
 
 
-def _chunked_queries(q, k, v, allowed):
+def _chunked_queries(q, k, v, q_pos, k_valid):
     """Dense attention QUERY_CHUNK queries at a time (one lax.map, each chunk rematerialised)."""
     b, t, h, dh = q.shape
     c = QUERY_CHUNK
     n = t // c
     qc = q.reshape(b, n, c, h, dh).swapaxes(0, 1)  # [n, B, c, H, Dh]
-    ac = allowed.reshape(b, n, c, allowed.shape[-1]).swapaxes(0, 1)
-    one = jax.checkpoint(lambda qa: _attention_dense(qa[0], k, v, qa[1]))
-    out = jax.lax.map(one, (qc, ac))  # [n, B, c, H*Dh]
+    pc = q_pos.reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
+    one = jax.checkpoint(lambda qp: _attention_dense(qp[0], k, v, qp[1], k_valid))
+    out = jax.lax.map(one, (qc, pc))  # [n, B, c, H*Dh]
     return out.swapaxes(0, 1).reshape(b, t, h * dh)
 
 
