@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat setup.py Makefile | sha1sum | cut -c1-12)
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: demo test setup lint bench clean peers
+.PHONY: demo test setup lint bench clean peers libtpu
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,19 @@ $(STAMP): $(VENV)/bin/python setup.py Makefile
 	rm -f $(VENV)/.stamp-*
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The TPU compiler (no TPU needed) for launch/compile_check.py and its test, outside the venv: libtpu inside .venv
+# would make every JAX import probe for a TPU. The version jax[tpu] pins for our jax 0.10.2 (setup.py's `tpu` extra).
+LIBTPU := .libtpu
+LIBTPU_PIN := libtpu==0.0.42.*
+LIBTPU_STAMP := $(LIBTPU)/.stamp-$(shell echo '$(LIBTPU_PIN)' | sha1sum | cut -c1-12)
+$(LIBTPU_STAMP): | $(STAMP)
+	rm -rf $(LIBTPU)
+	$(PIP) install -q --target $(LIBTPU) '$(LIBTPU_PIN)'
+	touch $@
+
+libtpu: $(LIBTPU_STAMP)
+
+setup: $(STAMP) $(LIBTPU_STAMP)
 
 demo: setup
 	$(PYTHON) launch/demo.py --workdir=runs/demo

@@ -58,6 +58,8 @@ setup(
             "ruff>=0.6,<1",
         ],
         "cuda12": ["jax[cuda12]>=0.9,<0.13"],
-        "tpu": ["jax[tpu]>=0.9,<0.13"],
+        # libtpu: the TPU runtime and compiler, pinned to the version jax[tpu] pins for jax 0.10.2 (also what
+        # launch/compile_check.py compiles with on a CPU: `make libtpu` installs it into .libtpu/ instead).
+        "tpu": ["jax[tpu]>=0.9,<0.13", "libtpu==0.0.42.*"],
     },
 )

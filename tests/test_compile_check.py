@@ -1,0 +1,168 @@
+"""launch/compile_check.py: the TPU compiler's per-chip memory of a run config's device functions (issue 27).
+
+Runs the script as a subprocess (its own JAX set-up: libtpu from ``.libtpu/``, which ``make setup`` / ``make libtpu``
+installs) on a 4-chip v5p topology with a two-layer model, and once with a shape that cannot fit.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "launch", "compile_check.py")
+LIBTPU_DIR = os.path.join(REPO, ".libtpu")
+FIELDS = (
+    "bench",
+    "function",
+    "topology",
+    "chips",
+    "mesh",
+    "shapes",
+    "args_gib",
+    "temp_gib",
+    "out_gib",
+    "peak_gib",
+    "hbm_gib",
+    "fits",
+    "compile_s",
+)
+V5P_HBM_GIB = 95.74  # what the compiler reports for a v5p chip
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("compile_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("compile_check", mod)  # dataclasses look their module up
+    spec.loader.exec_module(mod)  # imports no JAX at module level
+    return mod
+
+
+def _need_libtpu():
+    if importlib.util.find_spec("libtpu") is None and not os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")):
+        pytest.fail("libtpu is not installed: run `make libtpu` (make setup installs it into .libtpu/)")
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return env
+
+
+def _run(args, timeout=600):
+    p = subprocess.run(
+        [sys.executable, SCRIPT, *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return p, lines
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """Qwen2.5's config.json with two layers of width 64 (GQA 4 / 2 heads), vocabulary 512."""
+    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
+        d = json.load(f)
+    d.update(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        max_window_layers=2,
+        vocab_size=512,
+    )
+    path = tmp_path_factory.mktemp("compile_check") / "tiny.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def _small(model):
+    return [
+        "--config=configs/minihack_room.py",
+        "--topology=v5p:2x2x1",
+        f"--model={model}",
+        f"--extractor_model={model}",
+    ]
+
+
+@pytest.mark.slow
+def test_four_functions_fit_on_a_v5p_2x2x1(tiny_model):
+    _need_libtpu()
+    p, lines = _run([*_small(tiny_model), "--seq_len=256", "--rows=4", "--micro_batches=2"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [ln["function"] for ln in lines] == ["actor_update", "extractor_update", "prefill", "decode"]
+    for ln in lines:
+        missing = [k for k in FIELDS if k not in ln]
+        assert not missing, (missing, ln)
+        assert ln["bench"] == "compile_check" and ln["platform"] == "tpu" and ln["topology"] == "v5p:2x2x1"
+        assert ln["chips"] == 4 and ln["device_kind"] == "TPU v5"
+        assert ln["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}  # reproduce.py's data=1, fsdp=-1
+        assert ln["hbm_gib"] == V5P_HBM_GIB
+        assert ln["fits"] is True and "error" not in ln
+        assert ln["dtype"] == "bfloat16" and ln["param_dtype"] == "float32"
+        assert 0 < ln["peak_gib"] < 1 and ln["temp_gib"] >= 0 and ln["compile_s"] >= 0
+    upd = {ln["function"]: ln for ln in lines}
+    for f in ("actor_update", "extractor_update"):
+        assert upd[f]["shapes"] == {"rows": 8, "micro_batch_rows": 4, "micro_batches": 2, "seq_len": 256}
+        assert upd[f]["args_gib"] > 0  # float32 params + AdamW state, sharded over 4 chips
+    assert upd["prefill"]["shapes"]["rows"] == 4 and upd["prefill"]["shapes"]["cache_len"] == 256
+    assert upd["decode"]["shapes"]["max_new_tokens"] == 4096  # actor.sampling.max_new_tokens
+
+
+def test_oversized_shape_reports_the_requested_size(tiny_model):
+    """4,096 rows x 1M cache slots (256 GiB of KV cache per chip): the compiler refuses, the line says by how much."""
+    _need_libtpu()
+    p, lines = _run([*_small(tiny_model), "--functions=prefill", "--rows=4096", "--seq_len=1048576"])
+    assert p.returncode == 0, p.stderr[-3000:]  # out of memory is a result, not a failure
+    (ln,) = lines
+    assert ln["function"] == "prefill" and ln["fits"] is False
+    assert "RESOURCE_EXHAUSTED" in ln["error"]
+    assert ln["requested_gib"] > ln["hbm_gib"] == V5P_HBM_GIB
+    assert ln["requested_gib"] >= 256  # at least the per-chip KV cache
+    assert ln["available_gib"] == V5P_HBM_GIB
+
+
+def test_missing_libtpu_names_make_libtpu(tmp_path):
+    if importlib.util.find_spec("libtpu") is not None:
+        pytest.skip("libtpu is importable from this interpreter (a TPU host install)")
+    p = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--config=configs/minihack_room.py",
+            "--topology=v5p:2x2x1",
+            f"--libtpu_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env={**_env(), "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode != 0
+    assert "make libtpu" in p.stderr
+
+
+def test_parse_resource_exhausted():
+    cc = _module()
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (277.72G) "
+        "exceeds available HBM (95.74G)."
+    )
+    assert cc.parse_resource_exhausted(msg) == {"requested_gib": 277.72, "available_gib": 95.74}
+    assert (
+        cc.parse_resource_exhausted("... required (1.50T) exceeds available HBM (95.74G)")["requested_gib"]
+        == 1536
+    )
+    other = "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 120.50G of 95.74G hbm."
+    assert cc.parse_resource_exhausted(other) == {"requested_gib": 120.5, "available_gib": 95.74}
+    assert cc.parse_resource_exhausted("something else") == {}
+    assert cc.model_spec("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b-instruct"
+    assert cc.parse_mesh("fsdp=16,tensor=2") == {"fsdp": 16, "tensor": 2}
