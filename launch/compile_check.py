@@ -42,7 +42,8 @@ COMMAND:
   make libtpu   # once: libtpu==0.0.42.* (the version jax[tpu] pins for jax 0.10.2) into .libtpu/
   .venv/bin/python launch/compile_check.py --config=configs/minihack_room.py --topology=v5p:4x4x2
   .venv/bin/python launch/compile_check.py --config=configs/extractor_capacity.py --topology=v5p:4x4x2 \
-      --functions=extractor_update           # Qwen3-30B-A3B extractor
+      --functions=extractor_update --moe_dispatch=capacity   # Qwen3-30B-A3B extractor (the default dropless
+      # dispatch's batched ragged_dot_general does not lower for TPU: "CHLO => [StableHLO+Shape] => StableHLO failed")
   .venv/bin/python launch/compile_check.py --config=configs/minihack_room.py --fake_devices=8 --hbm_gib=79.6
   # small model, e.g. for a test: --model=path/config.json --extractor_model=path/config.json --mesh=fsdp=4
 Topologies: v5p:2x2x1 (4 chips), v5p:4x4x2 (v5p-64), v5p:4x4x4 (v5p-128), v5e:16x16 (v5e-256), v6e:..., v4:...
@@ -125,6 +126,9 @@ def parse_args(argv):
     )
     p.add_argument(
         "--param_dtype", default="", help="parameter dtype (default <role>.param_dtype or float32)"
+    )
+    p.add_argument(
+        "--moe_dispatch", default="", help="MoE models: dropless | capacity (default: the model's)"
     )
     p.add_argument("--hbm_gib", type=float, default=0.0, help="HBM per device (default: per chip kind)")
     p.add_argument("--libtpu_dir", default=os.path.join(REPO, ".libtpu"), help="where `make libtpu` installs")
@@ -283,7 +287,8 @@ def build_role(c, args, name: str, devices) -> RoleSetup:
     dtype = args.dtype or section.get("dtype") or "bfloat16"
     param_dtype = args.param_dtype or section.get("param_dtype") or "float32"
     try:
-        cfg = named_config(model_spec(spec), dtype=dtype, param_dtype=param_dtype)
+        extra = {"moe_dispatch": args.moe_dispatch} if args.moe_dispatch else {}
+        cfg = named_config(model_spec(spec), dtype=dtype, param_dtype=param_dtype, **extra)
     except FileNotFoundError as e:
         raise SystemExit(
             f"compile_check: {name}.model={spec!r}: {e}; pass --{'' if name == 'actor' else 'extractor_'}model"
@@ -617,6 +622,8 @@ def run(args) -> int:
             "dtype": role.model.dtype,
             "param_dtype": role.model.param_dtype,
         }
+        if role.model.num_experts:
+            line["moe_dispatch"] = role.model.moe_dispatch
         lw = builder(c, args, role)
         line["mesh"] = {k: int(v) for k, v in lw.mesh.shape.items()}
         line["shapes"] = lw.shapes
