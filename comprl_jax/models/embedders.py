@@ -163,6 +163,7 @@ class DecoderEmbedder:
       max_length: truncation in tokens, the appended ``<|endoftext|>`` included.
       batch_size: texts per jitted call.
       query_instruction: the instruction :meth:`embed_query` uses (``embed`` keeps ``instruction``).
+      mesh: the mesh ``params`` live on (None: one device); the encoder is traced and run under it.
     """
 
     def __init__(
@@ -175,7 +176,9 @@ class DecoderEmbedder:
         max_length: int = 512,
         batch_size=16,
         query_instruction: str | None = None,
+        mesh=None,
     ):
+        from comprl_jax import sharding
         from comprl_jax.models.decoder import forward
 
         self.tokenizer, self.instruction = tokenizer, instruction
@@ -191,7 +194,7 @@ class DecoderEmbedder:
             last = mask.sum(1) - 1  # right padding: the last valid token of each row
             return _l2_normalize(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
 
-        self._encode = encode
+        self._encode = sharding.under_mesh(encode, mesh)  # traced under the params' mesh: batch-sharded rows
 
     @classmethod
     def from_hf(cls, folder: str | os.PathLike, mesh=None, **kwargs) -> DecoderEmbedder:
@@ -201,7 +204,7 @@ class DecoderEmbedder:
         from comprl_jax.tokenizer import Tokenizer
 
         _, graphdef, params = load_hf(os.fspath(folder), mesh=mesh)
-        return cls(graphdef, params, Tokenizer.from_hf_json(folder), **kwargs)
+        return cls(graphdef, params, Tokenizer.from_hf_json(folder), mesh=mesh, **kwargs)
 
     def tokenize(self, texts: Sequence[str], instruction: str | None = None) -> list[list[int]]:
         out = []

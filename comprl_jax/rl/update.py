@@ -207,7 +207,8 @@ def make_update_fn(
         (:func:`~comprl_jax.rl.train_state.train_state_shardings`); the batch is sharded over ``("batch",)``.
       max_traces: wrap in ``chex.assert_max_traces`` (1 = fail loudly on any recompile).
     Returns:
-      A ``jax.jit`` function. ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
+      A ``jax.jit`` function; with a mesh wrapped to trace, lower and run under it
+      (:class:`~comprl_jax.sharding.MeshFn`: the model's batch constraints act). ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
       ``approx_kl``, ``entropy``, ``ratio``, per-subgroup clip fractions and advantage mean / std (actor),
       ``grad_norm`` (before clipping) and ``step``.
     """
@@ -236,12 +237,13 @@ def make_update_fn(
         return jax.jit(update, donate_argnums=0)
     batch_sharding = shd.named_sharding(mesh, ("batch",), rules)
     replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(
+    jitted = jax.jit(
         update,
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
+    return shd.under_mesh(jitted, mesh)  # traced and run under the mesh: activations stay batch-sharded
 
 
 def make_logprob_fn(
@@ -264,4 +266,5 @@ def make_logprob_fn(
             "make_logprob_fn(mesh=...) needs param_shardings (train_state_shardings(...).params)"
         )
     batch_sharding = shd.named_sharding(mesh, ("batch",), rules)
-    return jax.jit(fn, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
+    jitted = jax.jit(fn, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
+    return shd.under_mesh(jitted, mesh)
