@@ -73,6 +73,7 @@ BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
 PLACEMENTS = ("colocated", "disjoint")
 PARTITIONS = ("shared", "task")
+DTYPES = ("float32", "bfloat16")  # actor/extractor.param_dtype and dtype (models.config.DTYPES allows these)
 
 
 def _sampling(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> ml_collections.ConfigDict:
@@ -163,6 +164,15 @@ def base_config() -> ml_collections.ConfigDict:
     # final norm; the embedding, the layers below and the output head stay as loaded (0 = every parameter trains).
     # The backward pass stops at the first trained layer. Needs weight_decay = 0 (frozen weights must not decay).
     c.actor.trainable_layers = 0
+    # Precision (MaxText's weight_dtype / dtype): master weights in param_dtype (Adam moments and gradients are
+    # float32 whatever it is); matmuls, activations, the KV cache and the sampler's weights in dtype. Norm
+    # statistics, softmax, logits, log-probs and losses are float32 either way. The CPU scales stay float32.
+    c.actor.param_dtype = "float32"
+    c.actor.dtype = "bfloat16"
+    # The sampler's copy of the weights (in `dtype`), laid out for decoding: split over this many devices
+    # (tensor-parallel; the rest of the role's devices hold replicas and split the rows). 0 = the fewest that keep
+    # the copy under a quarter of a device's memory (1 = replicated where it fits). Refreshed after each update.
+    c.actor.rollout_tensor = 0
 
     c.extractor = ml_collections.ConfigDict()
     c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
@@ -192,6 +202,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.remat = True
     c.extractor.logits_chunk = 2048
     c.extractor.trainable_layers = 0  # as actor.trainable_layers
+    c.extractor.param_dtype = "float32"  # as actor.param_dtype / dtype / rollout_tensor
+    c.extractor.dtype = "bfloat16"
+    c.extractor.rollout_tensor = 0
     c.extractor.train = True  # False: a frozen extractor (Static Online Exp., Offline Exp., and the baseline)
 
     c.bank = ml_collections.ConfigDict()
@@ -375,6 +388,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
             f"{role}.weight_decay",
             f"must be 0 with {role}.trainable_layers={r.trainable_layers} (decay would change the frozen weights)",
         )
+        for key in ("param_dtype", "dtype"):
+            _check(r[key] in DTYPES, f"{role}.{key}", f"{r[key]!r} not in {DTYPES}")
+        _check(r.rollout_tensor >= 0, f"{role}.rollout_tensor", "must be >= 0 (0 = chosen by memory)")
     _check(c.extractor.buffer_size >= 1, "extractor.buffer_size", "must be >= 1")
     for role in ("actor", "extractor"):
         _check(c[role].logits_chunk >= 0, f"{role}.logits_chunk", "must be >= 0 (0 = full logits)")
@@ -490,6 +506,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.manager.search_workers = 2
         c.manager.embed_workers = 1
         c.mesh.num_devices = 1  # tiny batches stay on one device; --config.mesh.num_devices=0 uses them all
+        _float32(c)
         return c
     if scale == "cpu":
         # ``tiny`` sized to learn on 2 CPU cores (issue 19, launch/bench/learning.py; WORKSPACE "Does it learn").
@@ -529,8 +546,17 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         for role in (c.actor, c.extractor):
             role.micro_batch = 4
             role.logits_chunk = 512
+        _float32(c)
         return c
     raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
+
+
+def _float32(c: ml_collections.ConfigDict) -> None:
+    """CPU scales compute in float32: XLA:CPU has no fast bfloat16 matmul, and the parity tests against HF and
+    llama.cpp are float32."""
+    for role in (c.actor, c.extractor):
+        role.param_dtype = "float32"
+        role.dtype = "float32"
 
 
 # Keys renamed since older run directories wrote their config.json: old dotted key -> current dotted key.
@@ -549,6 +575,13 @@ RENAMED_KEYS = {
 ADDED_KEYS = {
     "actor.trainable_layers": 0,
     "extractor.trainable_layers": 0,
+    # runs before issue 27 computed everything in float32 and sampled from the training layout
+    "actor.param_dtype": "float32",
+    "actor.dtype": "float32",
+    "actor.rollout_tensor": 0,
+    "extractor.param_dtype": "float32",
+    "extractor.dtype": "float32",
+    "extractor.rollout_tensor": 0,
 }
 
 

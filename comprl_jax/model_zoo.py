@@ -113,9 +113,13 @@ def load_model(
     seed: int,
     mesh=None,
     tiny_overrides: dict | None = None,
+    param_dtype: str = "float32",
+    dtype: str = "float32",
 ) -> LoadedModel:
     """Builds one model by spec (see module docstring). ``tokenizer`` is required for the :data:`TINY_SPECS`
-    (ignored otherwise: real models bring their own)."""
+    (ignored otherwise: real models bring their own). ``param_dtype`` / ``dtype``: master weights and compute
+    (config keys ``{role}.param_dtype`` / ``{role}.dtype``), whatever the checkpoint stores."""
+    precision = {"param_dtype": param_dtype, "dtype": dtype}
     if spec in TINY_SPECS:
         if tokenizer is None:
             raise ValueError(f"{role}.model={spec!r} needs the run's tiny tokenizer")
@@ -123,20 +127,20 @@ def load_model(
             TINY_SPECS[spec],
             vocab_size=tokenizer.vocab_size,
             max_position_embeddings=8192,
-            **(tiny_overrides or {}),
+            **{**precision, **(tiny_overrides or {})},
         )
         graphdef, params = init_decoder(cfg, seed=seed, mesh=mesh)
         return LoadedModel(cfg, graphdef, params, tokenizer)
     if spec in PRESETS:
-        return load_gguf_model(preset_path(spec), mesh=mesh)
+        return load_gguf_model(preset_path(spec), mesh=mesh, **precision)
     if spec.endswith(".gguf"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"config key {role}.model={spec!r}: no such GGUF file")
-        return load_gguf_model(spec, mesh=mesh)
+        return load_gguf_model(spec, mesh=mesh, **precision)
     if os.path.isdir(spec):
         from comprl_jax.models.hf_io import load_hf
 
-        cfg, graphdef, params = load_hf(spec, mesh=mesh)
+        cfg, graphdef, params = load_hf(spec, mesh=mesh, **precision)
         tok_path = os.path.join(spec, "tokenizer.json")
         return LoadedModel(cfg, graphdef, params, Tokenizer.from_hf_json(tok_path))
     raise ValueError(

@@ -40,6 +40,7 @@ from comprl_jax.rl import update as update_lib
 from comprl_jax.rl.losses import is_max_metric
 from comprl_jax.rl.update import ChunkedHead
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
+from comprl_jax.sampling.layout import RefreshTimer, RolloutLayout, rollout_layout
 
 BEHAVIOUR = update_lib.BEHAVIOUR  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
 BEHAVIOUR_MASK = update_lib.BEHAVIOUR_MASK  # [R, T] float32, 1 where BEHAVIOUR is known and trained on
@@ -69,6 +70,21 @@ class Role:
     sampler: SamplerService
     mesh: Any = None  # the role's device mesh (None: one device, unsharded)
     rows: int = 0
+    layout: RolloutLayout | None = (
+        None  # the sampler's weight copy (sampling.layout); its mesh is sampler.mesh
+    )
+    refresh: RefreshTimer | None = None  # the last refresh of that copy (seconds: metric rollout_refresh_s)
+
+    def refresh_sampler(self, updated) -> None:
+        """Gives the sampler a fresh copy of the trained weights (cast and laid out for decoding); ``updated``:
+        outputs of the update that produced them (timing starts when they are ready)."""
+        copy = self.layout.refresh(self.state.params)
+        self.sampler.update_params(copy)
+        self.refresh = RefreshTimer(updated, copy)
+
+    def refresh_seconds(self) -> float | None:
+        """Device seconds of the last refresh (waits for it); None before any update."""
+        return None if self.refresh is None else self.refresh.seconds()
 
 
 def scorer(graphdef, remat: bool, logits_chunk: int, frozen_layers: int = 0):
@@ -134,16 +150,19 @@ def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=Non
     )
     tok = model.tokenizer
     stop_ids = [i for i in (tok.eos_id, tok.special_ids.get("<|im_end|>")) if i is not None]
+    # The sampler decodes from its own copy of the weights, in the compute dtype on a decode mesh (tensor-parallel
+    # and/or replicated), never from the FSDP training layout (sampling.layout).
+    layout = rollout_layout(state.params, model.cfg, mesh, cfg.rollout_tensor)
     sampler = (SamplerService if mesh is None else dist.mesh_sampler_cls())(
         model.graphdef,
-        state.params,
+        layout.refresh(state.params),
         model.cfg,
         vocab=vocab_bytes(tok, model.cfg.vocab_size),
         stop_token_ids=stop_ids,
         pad_id=tok.pad_id,
-        mesh=mesh,
+        mesh=layout.mesh,
     )
-    return Role(name, model, state, update, logprobs, sampler, mesh, rows)
+    return Role(name, model, state, update, logprobs, sampler, mesh, rows, layout)
 
 
 def _put(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -157,7 +176,8 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
 
     ``old_logprobs`` of every mini-batch are computed with the pre-update weights before the first step; rows
     flagged in ``batch[USE_BEHAVIOUR]`` use ``batch[BEHAVIOUR]`` instead (the extractor's stale samples). The
-    behaviour keys are optional and never reach the loss. The sampler gets the new weights at the end.
+    behaviour keys are optional and never reach the loss. The sampler gets a fresh copy of the new weights at the
+    end (:meth:`Role.refresh_sampler`; its device time is :meth:`Role.refresh_seconds`).
 
     Returns the metrics as device arrays (mean over mini-batches; ``*_max`` the max; ``step`` the last), plus
     ``logprob_mismatch``: mean |recomputed - behaviour| over ``batch[BEHAVIOUR_MASK]`` tokens. Nothing here waits
@@ -177,7 +197,7 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
         if behaviour is not None:
             host.update({BEHAVIOUR: behaviour, BEHAVIOUR_MASK: bmask})
         role.state, m = role.update(role.state, _put(role, host))
-        role.sampler.update_params(role.state.params)
+        role.refresh_sampler(m)
         return _combine([m], [])
     parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
     dev = [_put(role, p) for p in parts]
@@ -193,7 +213,7 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
         d["old_logprobs"] = o
         role.state, m = role.update(role.state, d)
         steps.append(m)
-    role.sampler.update_params(role.state.params)
+    role.refresh_sampler(steps[-1])
     return _combine(steps, gaps)
 
 

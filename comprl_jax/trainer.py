@@ -76,6 +76,7 @@ class PendingUpdate:
     t0: float
     watcher: threading.Thread
     done: dict
+    refresh: Any = None  # the sampler's weight refresh after this update (sampling.layout.RefreshTimer)
 
 
 class Trainer:
@@ -128,7 +129,15 @@ class Trainer:
                 "the actor batch (tasks x group_size x envs, plus one self-distillation slot per guided episode)"
             )
         self.actor = roles.build_role(
-            load_model(cfg.actor.model, role="actor", tokenizer=tok, seed=cfg.seed, mesh=self.actor_mesh),
+            load_model(
+                cfg.actor.model,
+                role="actor",
+                tokenizer=tok,
+                seed=cfg.seed,
+                mesh=self.actor_mesh,
+                param_dtype=cfg.actor.param_dtype,
+                dtype=cfg.actor.dtype,
+            ),
             "actor",
             cfg.actor,
             loss_config(cfg, "actor", sft_coef=cfg.actor.self_distill_coef if self.sft_slots else 0.0),
@@ -145,6 +154,8 @@ class Trainer:
                     tokenizer=tok,
                     seed=cfg.seed + 1,
                     mesh=self.extractor_mesh,
+                    param_dtype=cfg.extractor.param_dtype,
+                    dtype=cfg.extractor.dtype,
                 ),
                 "extractor",
                 cfg.extractor,
@@ -297,10 +308,10 @@ class Trainer:
             return False
         step, train, arrays, host = got
         self.actor.state = train["actor"]
-        self.actor.sampler.update_params(self.actor.state.params)
+        self.actor.sampler.update_params(self.actor.layout.refresh(self.actor.state.params))
         if self.extractor is not None:
             self.extractor.state = train["extractor"]
-            self.extractor.sampler.update_params(self.extractor.state.params)
+            self.extractor.sampler.update_params(self.extractor.layout.refresh(self.extractor.state.params))
         # Back to a process-local key (as in a fresh run): keys enter jitted calls as replicated inputs.
         self.key = jax.random.wrap_key_data(np.asarray(dist.local_replica(train["key"])))
         self.step = int(host["step"])
@@ -521,6 +532,8 @@ class Trainer:
             fut = self.track.distill_async(trajs, step)
         if actor_metrics is not None and fetch:
             metrics.update({f"actor/{k}": v for k, v in jax.device_get(actor_metrics).items()})
+            # the sampler's weight copy (sampling.layout), refreshed after the update
+            metrics["actor/rollout_refresh_s"] = self.actor.refresh_seconds()
         metrics["time/update_s"] = time.perf_counter() - t_up
         # 6. bank: ops applied, merge, extractor updates
         if fut is not None:
@@ -588,7 +601,8 @@ class Trainer:
                 daemon=True,
             )
             watcher.start()
-            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done))
+            refresh = self.extractor.refresh
+            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done, refresh))
 
     def join_extractor(self) -> None:
         """Waits for the extractor updates in flight (if any) and puts their metrics (the mean over a row's
@@ -597,6 +611,8 @@ class Trainer:
         by_row: dict[int, list] = {}
         for p in pending:
             out = {**jax.device_get(p.metrics), **p.host}
+            if p.refresh is not None:
+                out["rollout_refresh_s"] = p.refresh.seconds()
             p.watcher.join()
             self._event("extractor_update", p.step, p.t0, p.done.get("end", time.time()))
             by_row.setdefault(id(p.row), [p.row, []])[1].append(out)

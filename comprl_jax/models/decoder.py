@@ -111,8 +111,10 @@ class Layers(nnx.Module):
                 setattr(self, name, param)
 
     def arrays(self) -> dict[str, jax.Array]:
-        """The stacked arrays by name."""
-        return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+        """The stacked arrays by name, in the compute dtype (:func:`compute_cast`)."""
+        return {
+            k: compute_cast(self.cfg, k, v[...]) for k, v in vars(self).items() if isinstance(v, nnx.Param)
+        }
 
     def segments(self) -> list[tuple[tuple[bool, int, int, int], dict[str, jax.Array]]]:
         """``(segment, xs)`` per :func:`layer_segments` run: ``xs`` holds the run's slice of the attention stacks
@@ -130,6 +132,20 @@ class Layers(nnx.Module):
                     xs[k] = v if a == 0 and b == n else v[a:b]
             out.append((seg, xs))
         return out
+
+
+# Kept in their stored dtype: the MoE router's logits are float32 (HF), so its weights must not be rounded first.
+KEEP_DTYPE = ("router",)
+
+
+def compute_cast(cfg: ModelConfig, name: str, w: jax.Array) -> jax.Array:
+    """A stored weight in the compute dtype, cast *before* the layer scan: under FSDP the cast runs on each
+    device's shard and the per-layer all-gather then moves ``dtype`` bytes (half of float32 for bfloat16). The
+    result equals casting at each use (``layers.dense`` and ``rms_norm`` cast to the activations' dtype);
+    gradients flow back to the float32 master weights through the cast."""
+    if name in KEEP_DTYPE or not jnp.issubdtype(w.dtype, jnp.floating):
+        return w
+    return w.astype(jnp.dtype(cfg.dtype))
 
 
 def _qkv(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array):
@@ -186,7 +202,8 @@ class Decoder(nnx.Module):
     def _embed(self, tokens: jax.Array) -> jax.Array:
         # mode="clip": a padding id such as -1 must not become a NaN row (jnp.take's default fill), since
         # 0 * NaN in the masked attention sum would poison the valid rows of the batch.
-        return jnp.take(self.embed[...], tokens, axis=0, mode="clip").astype(jnp.dtype(self.cfg.dtype))
+        table = compute_cast(self.cfg, "embed", self.embed[...])
+        return jnp.take(table, tokens, axis=0, mode="clip")
 
     def _head(self, x: jax.Array, return_hidden: bool, frozen_head: bool = False) -> jax.Array:
         h = L.rms_norm(x, self.final_norm[...], self.cfg.rms_norm_eps)
@@ -199,11 +216,10 @@ class Decoder(nnx.Module):
         ``frozen_head``: no gradient reaches the output head's weights (gradients still reach ``h``)."""
         grad = jax.lax.stop_gradient if frozen_head else (lambda w: w)
         if self.cfg.tie_word_embeddings:
-            w = grad(self.embed[...]).astype(h.dtype)
+            w = compute_cast(self.cfg, "embed", grad(self.embed[...])).astype(h.dtype)
             return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
-        return jnp.einsum(
-            "btd,dv->btv", h, grad(self.lm_head[...]).astype(h.dtype), preferred_element_type=jnp.float32
-        )
+        w = compute_cast(self.cfg, "lm_head", grad(self.lm_head[...])).astype(h.dtype)
+        return jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
 
     def __call__(
         self,
@@ -255,7 +271,6 @@ class Decoder(nnx.Module):
         valid = col[None, :] < num_new[:, None]
         # Padding columns scatter to slot S (out of bounds) and are dropped: they never touch the cache.
         slots = jnp.where(valid, positions, s)
-        rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
         new_len = cache.lengths + num_new
         k_valid = jnp.arange(s)[None, :] < new_len[:, None]  # [B, S]; query t sees slots <= positions[b, t]
         cos, sin = L.rope_cos_sin(cfg, positions)
@@ -265,8 +280,8 @@ class Decoder(nnx.Module):
             p, layer = xs
             q, k, v = _qkv(cfg, p, x, cos, sin)
             # Scatter into the full [L, ...] carry so XLA updates the cache buffer in place.
-            ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
-            cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
+            ck = _write_rows(ck, layer, slots, k)
+            cv = _write_rows(cv, layer, slots, v)
             attn = L.attention(q, ck[layer], cv[layer], positions, k_valid)
             x, _ = _finish(cfg, p, x, attn, valid)
             return (constrain_batch(x), ck, cv), None
@@ -283,6 +298,15 @@ class Decoder(nnx.Module):
             x = jnp.take_along_axis(x, at[:, None, None], axis=1)  # [B, 1, D]
             return self._head(x, False)[:, 0], new_cache
         return self._head(x, False), new_cache
+
+
+def _write_rows(cache: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
+    """``cache[layer, b, slots[b, t]] = new[b, t]`` for every row (slots past the cache are dropped), as a scatter
+    batched over the rows (``vmap``): with the rows sharded over the batch axes each device writes its own rows.
+    (The same scatter written with explicit row indices made the SPMD partitioner all-gather every row's new
+    keys and values, ``[B, T, Hkv, Dh]`` per layer, onto every device.)"""
+    one = lambda c, s_, x: c.at[layer, s_].set(x.astype(c.dtype), mode="drop")  # noqa: E731
+    return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(cache, slots, new)
 
 
 @flax.struct.dataclass

@@ -47,7 +47,10 @@ class OptimConfig:
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm(grad_clip)`` then AdamW at constant ``lr`` (no schedule, no warm-up)."""
-    adamw = optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    # mu in float32 whatever the parameter dtype (f32 master weights: a no-op)
+    adamw = optax.adamw(
+        cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mu_dtype=jnp.float32
+    )
     if cfg.grad_clip <= 0:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)

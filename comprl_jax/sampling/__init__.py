@@ -333,21 +333,44 @@ class SamplerService:
             window = min(S, bucket(context_need, minimum=MIN_CACHE_SLOTS))
             window = None if window >= S else window
         with self._lock, self._mesh_ctx():
-            return self._fn(
+            args = (self._put(toks), self._put(num_new), self._put(mx), key, stops, constraint)
+            return self._fn(self.graphdef, self.params, cache, *args, **self._static(sp, window, Bp, T))
+
+    def _static(self, sp: SamplingParams, window, rows: int, width: int) -> dict:
+        return dict(
+            sp=sp,
+            stop_ids=self.stop_token_ids,
+            pad_id=self.pad_id,
+            window=window,
+            prefill_groups=self.prefill_groups(rows, width),
+        )
+
+    def lower(self, cache, width: int, key, sp: SamplingParams, stops=None, constraint=None, window=None):
+        """The jitted turn of :meth:`run` lowered (AOT, nothing runs) for a cache (arrays or abstract, e.g.
+        ``jax.ShapeDtypeStruct`` with shardings) and ``width`` new input tokens per row, under the sampler's mesh
+        and with its weights' layout. ``launch/compile_check.py`` and the HLO tests compile what it returns."""
+        rows = cache.lengths.shape[0]
+        batch = None if self.mesh is None else shd.named_sharding(self.mesh, ("batch",))
+
+        def arr(shape):
+            return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch)
+
+        params = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+            self.params,
+        )
+        with self._mesh_ctx():
+            return self._fn.lower(
                 self.graphdef,
-                self.params,
+                params,
                 cache,
-                self._put(toks),
-                self._put(num_new),
-                self._put(mx),
+                arr((rows, width)),
+                arr((rows,)),
+                arr((rows,)),
                 key,
                 stops,
                 constraint,
-                sp=sp,
-                stop_ids=self.stop_token_ids,
-                pad_id=self.pad_id,
-                window=window,
-                prefill_groups=self.prefill_groups(Bp, T),
+                **self._static(sp, window, rows, width),
             )
 
     def generate(

@@ -56,7 +56,15 @@ def main(argv):
 
     c = config_lib.load_file(_CONFIG.value)
     role_name = _ROLE.value
-    model = load_model(c[role_name].model, role=role_name, tokenizer=None, seed=0, mesh=None)
+    model = load_model(
+        c[role_name].model,
+        role=role_name,
+        tokenizer=None,
+        seed=0,
+        mesh=None,
+        param_dtype=c[role_name].param_dtype,
+        dtype=c[role_name].dtype,
+    )
     b = batch(_ROWS.value, _SEQ.value, role_name)
     model_in = {k: b[k] for k in ("tokens", "positions", "attn_mask", "loss_mask")}
     for pair in _SETTINGS.value.split(","):
