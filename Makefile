@@ -36,7 +36,7 @@ libtpu: $(LIBTPU_STAMP)
 
 setup: $(STAMP) $(LIBTPU_STAMP)
 
-demo: setup
+demo: $(STAMP)  # the demo needs no TPU compiler
 	$(PYTHON) launch/demo.py --workdir=runs/demo
 
 # Two pytest-xdist workers (TEST_WORKERS=N for more on a bigger machine; memory: up to ~8 GB each). Compiling is

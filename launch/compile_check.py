@@ -36,7 +36,8 @@ devices, which is what launch/reproduce.py's ``mesh_overrides`` gives paper runs
 set others (``fsdp=16,tensor=2``), ``--mesh=config`` takes the config's ``mesh.*`` as is. ``mesh.placement=disjoint``
 splits the devices as the trainer does. Dtypes: ``<role>.dtype`` / ``<role>.param_dtype`` config keys when present,
 else bfloat16 compute and float32 parameters (``--dtype`` / ``--param_dtype`` override both roles). The sampler's
-weights and mesh come from :func:`sampler_layout` (today the training FSDP layout on the role's mesh).
+weights and mesh come from :func:`sampler_layout`: the library's decode layout (compute dtype, tensor-parallel and/or
+replicated over the role's devices; ``<role>.rollout_tensor``, 0 = chosen against the target's HBM).
 
 COMMAND:
   make libtpu   # once: libtpu==0.0.42.* (the version jax[tpu] pins for jax 0.10.2) into .libtpu/
@@ -255,6 +256,7 @@ class RoleSetup:
     abs_params: object
     mesh: object
     seq_len: int
+    hbm_gib: float = 0.0  # per chip of the target (the sampler's layout is chosen against it)
 
 
 def role_devices(c, devices):
@@ -319,15 +321,33 @@ def with_shardings(abstract, shardings):
 
 
 def sampler_layout(role: RoleSetup):
-    """The sampler's mesh and parameters (abstract, with shardings) for prefill / decode.
+    """The sampler's mesh and parameters (abstract, with shardings) for prefill / decode: the library's decode
+    layout (``comprl_jax.sampling.layout.rollout_layout``, as ``roles.build_role`` builds it): the compute dtype
+    on a ``data x tensor`` mesh over the role's devices, ``<role>.rollout_tensor`` (0: chosen against this
+    target's HBM per chip)."""
+    from comprl_jax.sampling.layout import rollout_layout
 
-    Today the sampler holds the training state's parameters (``roles.build_role`` passes ``state.params``): the
-    FSDP layout of the parameter dtype on the role's mesh. The one place to switch when the library gets a decode
-    layout (bf16, tensor-parallel / replicated weights)."""
-    from comprl_jax.rl.train_state import train_state_shardings
+    layout = rollout_layout(
+        role.abs_params,
+        role.model,
+        role.mesh,
+        int(role.section.get("rollout_tensor", 0)),
+        device_bytes=int(role.hbm_gib * GIB),
+    )
+    cast = jax_cast_abstract(role.abs_params, layout.dtype)
+    return layout.mesh, with_shardings(cast, layout.shardings)
 
-    shardings = train_state_shardings(role.abs_params, role.mesh)
-    return role.mesh, with_shardings(role.abs_params, shardings)
+
+def jax_cast_abstract(abstract, dtype: str):
+    """Abstract parameters with their floating leaves in ``dtype`` (the sampler's copy)."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(x):
+        dt = jnp.dtype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        return jax.ShapeDtypeStruct(x.shape, dt)
+
+    return jax.tree.map(one, abstract)
 
 
 # --- the device functions ------------------------------------------------------------------------------------------
@@ -607,6 +627,7 @@ def run(args) -> int:
         rname, builder = BUILDERS[fname]
         if rname not in roles_:
             roles_[rname] = build_role(c, args, rname, actor_devs if rname == "actor" else ext_devs)
+            roles_[rname].hbm_gib = tgt.hbm_gib
         role = roles_[rname]
         line = {
             "bench": "compile_check",

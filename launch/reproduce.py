@@ -169,6 +169,47 @@ def mesh_overrides(hardware: str, study: str, episodes: int) -> tuple[list[str],
     return out, p
 
 
+# launch/compile_check.py's JSON lines for the paper runs' device functions, per hardware (the TPU compiler's
+# per-chip figures; refresh with the commands in WORKSPACE "Paper scale through the TPU compiler").
+COMPILE_PLANS = os.path.join(ROOT, "launch", "compile_plans.jsonl")
+# Which compile_check config stands for a study: the paper's largest contexts (32,768 actor, 65,536 extractor),
+# an upper bound for the configs with shorter ones.
+COMPILE_CONFIG = {"main": "configs/minihack_room.py", "capacity": "configs/extractor_capacity.py"}
+
+
+def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> dict[str, dict]:
+    """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled)."""
+    if not os.path.isfile(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if d.get("hardware") == hardware and d.get("config") == COMPILE_CONFIG[study]:
+                out[d["function"]] = d
+    return out
+
+
+def compiler_check(plan: dict, figures: dict[str, dict]) -> dict:
+    """The memory plan beside the compiler: per function the compiler's peak GiB per chip and fits, and for each
+    update the plan's figure for that role alone (its resident state + update activations) over the compiler's
+    peak (``plan_over_compiler``; > 1: the plan is conservative). ``fits``: every compiled function fits."""
+    out = {"functions": {}, "plan_over_compiler": {}}
+    for fn, d in sorted(figures.items()):
+        out["functions"][fn] = {"peak_gib": d.get("peak_gib") or d.get("requested_gib"), "fits": d.get("fits")}
+    for role in ("actor", "extractor"):
+        d = figures.get(f"{role}_update")
+        if d and d.get("peak_gib"):
+            planned = sum(plan["state_gib"][role].values()) + sum(
+                plan["update_activations_gib"][role].values()
+            )
+            out["plan_over_compiler"][f"{role}_update"] = round(planned / d["peak_gib"], 3)
+    out["fits"] = all(v["fits"] is True for v in out["functions"].values())
+    return out
+
+
 def _model_dir(models_dir: str, name: str) -> str:
     return os.path.join(models_dir, name.rstrip("/").split("/")[-1])
 
@@ -240,13 +281,17 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
             hw = run_hardware(opts["hardware"], opts["launcher"], study)
             for seed in opts["seeds"]:
                 args = [f"--config.seed={int(seed)}"]
-                fits, plan = True, None
+                fits, plan, compiler = True, None, None
                 if opts["tasks_per_step"]:
                     args.append(f"--config.rollout.tasks_per_step={tasks}")
                 if hw != "none":
                     mesh, plan = mesh_overrides(hw, study, episodes)
                     args += mesh
                     fits = plan["fits"]
+                    figures = compiler_figures(hw, study)
+                    if figures:  # the TPU compiler's word on the same functions overrides the plan's
+                        compiler = compiler_check(plan, figures)
+                        fits = fits and compiler["fits"]
                 if opts["models_dir"] and scale == "paper":
                     args.append(f"--config.actor.model={_model_dir(opts['models_dir'], c.actor.model)}")
                     if c.experience.enabled:
@@ -265,7 +310,8 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
                 if name in NOT_RUNNABLE:
                     note += "; NOT RUNNABLE: " + NOT_RUNNABLE[name]
                 if not fits:
-                    note += f"; does not fit {hw} (memory plan): use another --hardware"
+                    why = "memory plan" if plan is not None and not plan["fits"] else "TPU compiler"
+                    note += f"; does not fit {hw} ({why}): use another --hardware"
                 runs.append(
                     {
                         "table": table,
@@ -283,6 +329,7 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
                         "command": shlex.join(argv),
                         "runnable": name not in NOT_RUNNABLE and fits,
                         "fits": fits,
+                        "compiler": compiler,
                         "steps": int(c.train.steps),
                         "episodes_per_step": episodes,
                         "note": note,

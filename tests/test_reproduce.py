@@ -317,3 +317,26 @@ def test_estimate_cli_rows_are_positive_and_totals_add_up():
         mine = [r for r in runs if (r["table"], r["hardware"]) == (t["table"], t["hardware"]) and r["fits"]]
         assert t["device_h"] == pytest.approx(sum(3 * r["device_h"] for r in mine))
         assert t["runs"] == 3 * len(mine)
+
+
+def test_compiler_figures_check_the_plan(tmp_path):
+    """reproduce.py reads launch/compile_check.py's lines for a hardware (launch/compile_plans.jsonl): each run
+    carries the compiler's per-chip peaks, the plan's figure over the compiler's for each update, and a function
+    the compiler cannot fit makes the run not runnable, whatever the analytic plan says."""
+    rp = _rp()
+    _, plan = rp.mesh_overrides("v5p-64", "main", 128)
+    shipped = rp.compiler_figures("v5p-64", "main")
+    assert {"actor_update", "extractor_update", "prefill", "decode"} <= set(shipped)
+    check = rp.compiler_check(plan, shipped)
+    assert check["fits"] and all(v["fits"] for v in check["functions"].values())
+    # the analytic plan is conservative against the TPU compiler (WORKSPACE "Paper scale through the TPU
+    # compiler": 1.21 / 1.19 on 2026-12-03), never optimistic
+    for ratio in check["plan_over_compiler"].values():
+        assert 1.0 <= ratio <= 1.35, check["plan_over_compiler"]
+    line = {**shipped["actor_update"], "fits": False, "peak_gib": None, "requested_gib": 120.0}
+    bad = tmp_path / "plans.jsonl"
+    bad.write_text(json.dumps({**line, "hardware": "v5p-64"}) + "\n")
+    figures = rp.compiler_figures("v5p-64", "main", str(bad))
+    got = rp.compiler_check(plan, figures)
+    assert not got["fits"] and got["functions"]["actor_update"] == {"peak_gib": 120.0, "fits": False}
+    assert rp.compiler_figures("v5p-64", "main", str(tmp_path / "missing.jsonl")) == {}
