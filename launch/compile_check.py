@@ -131,6 +131,14 @@ def parse_args(argv):
     p.add_argument(
         "--moe_dispatch", default="", help="MoE models: dropless | capacity (default: the model's)"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override, as a run gets it (reproduce.py's --config.KEY=VALUE flags), e.g. "
+        "--set=extractor.rows_per_call=160 --set=mesh.extractor_tensor=2; repeatable",
+    )
     p.add_argument("--hbm_gib", type=float, default=0.0, help="HBM per device (default: per chip kind)")
     p.add_argument("--libtpu_dir", default=os.path.join(REPO, ".libtpu"), help="where `make libtpu` installs")
     args = p.parse_args(argv)
@@ -616,10 +624,8 @@ def compile_one(lw: Lowerable, hbm_gib: float) -> dict:
 def run(args) -> int:
     import jax
 
-    from comprl_jax import config as config_lib
-
     tgt = target(args)
-    c = config_lib.load_file(args.config)
+    c = load_config(args.config, args.set)
     actor_devs, ext_devs = role_devices(c, tgt.devices)
     roles_ = {}
     failed = False
@@ -642,6 +648,7 @@ def run(args) -> int:
             ),
             "dtype": role.model.dtype,
             "param_dtype": role.model.param_dtype,
+            "overrides": list(args.set),
         }
         if role.model.num_experts:
             line["moe_dispatch"] = role.model.moe_dispatch
@@ -656,6 +663,29 @@ def run(args) -> int:
         print(json.dumps(line), flush=True)
         jax.clear_caches()
     return 1 if failed else 0
+
+
+def load_config(path_variant: str, sets: list[str]):
+    """The run config with ``--set KEY=VALUE`` overrides applied (values parsed as JSON where they parse: 160,
+    true, "x"; else kept as text), then validated as a run's would be."""
+    from comprl_jax import config as config_lib
+
+    c = config_lib.load_file(path_variant)
+    with c.unlocked():
+        for item in sets:
+            key, eq, raw = item.partition("=")
+            if not eq or not key:
+                raise SystemExit(f"compile_check: --set {item!r} must look like KEY=VALUE")
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+            try:
+                config_lib.set_key(c, key.removeprefix("config."), value)
+            except (KeyError, AttributeError) as e:
+                raise SystemExit(f"compile_check: --set {item!r}: no config key {key!r} ({e})") from None
+    config_lib.validate(c)
+    return c
 
 
 def main(argv=None) -> int:

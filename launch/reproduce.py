@@ -178,7 +178,8 @@ COMPILE_CONFIG = {"main": "configs/minihack_room.py", "capacity": "configs/extra
 
 
 def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> dict[str, dict]:
-    """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled)."""
+    """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled); of several
+    lines for one function the last in the file wins (compile with reproduce.py's overrides last)."""
     if not os.path.isfile(path):
         return {}
     out = {}
@@ -198,7 +199,10 @@ def compiler_check(plan: dict, figures: dict[str, dict]) -> dict:
     peak (``plan_over_compiler``; > 1: the plan is conservative). ``fits``: every compiled function fits."""
     out = {"functions": {}, "plan_over_compiler": {}}
     for fn, d in sorted(figures.items()):
-        out["functions"][fn] = {"peak_gib": d.get("peak_gib") or d.get("requested_gib"), "fits": d.get("fits")}
+        out["functions"][fn] = {
+            "peak_gib": d.get("peak_gib") or d.get("requested_gib"),
+            "fits": d.get("fits"),
+        }
     for role in ("actor", "extractor"):
         d = figures.get(f"{role}_update")
         if d and d.get("peak_gib"):

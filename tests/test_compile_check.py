@@ -169,3 +169,18 @@ def test_parse_resource_exhausted():
     assert cc.parse_resource_exhausted("something else") == {}
     assert cc.model_spec("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b-instruct"
     assert cc.parse_mesh("fsdp=16,tensor=2") == {"fsdp": 16, "tensor": 2}
+
+
+def test_set_overrides_the_config_as_a_run_would():
+    """``--set`` takes reproduce.py's ``--config.KEY=VALUE`` overrides (JSON values), validates, and names a bad
+    key."""
+    cc = _module()
+    c = cc.load_config(
+        os.path.join(REPO, "configs", "extractor_capacity.py"),
+        ["config.extractor.rows_per_call=160", "mesh.extractor_tensor=2", "actor.dtype=float32"],
+    )
+    assert (c.extractor.rows_per_call, c.mesh.extractor_tensor, c.actor.dtype) == (160, 2, "float32")
+    with pytest.raises(SystemExit, match="no config key"):
+        cc.load_config(os.path.join(REPO, "configs", "minihack_room.py"), ["actor.nope.x=1"])
+    with pytest.raises(ValueError, match="actor.dtype"):
+        cc.load_config(os.path.join(REPO, "configs", "minihack_room.py"), ["actor.dtype=float8"])

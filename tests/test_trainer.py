@@ -154,6 +154,9 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache):
     assert all(r["bank/extractor_buffer"] < c.extractor.buffer_size for r in rows)  # every full batch popped
     assert rows[-1]["actor/step"] == 2 * 4  # two optimizer steps per rollout batch
     assert all(r["actor/logprob_mismatch"] < 1e-4 for r in rows)
+    # the sampler's weight copy is refreshed after every update and timed (sampling.layout)
+    assert all(r["actor/rollout_refresh_s"] >= 0 for r in rows)
+    assert any("extractor/rollout_refresh_s" in r for r in rows)
     assert any(k.startswith("critic/") for k in rows[-1]) and "actor/sft_rows" in rows[-1]
 
 
