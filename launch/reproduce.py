@@ -180,7 +180,7 @@ COMPILE_CONFIG = {"main": "configs/minihack_room.py", "capacity": "configs/extra
 def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> dict[str, dict]:
     """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled); of several
     lines for one function the last in the file wins (compile with reproduce.py's overrides last)."""
-    if not os.path.isfile(path):
+    if not path or not os.path.isfile(path):
         return {}
     out = {}
     with open(path) as f:
@@ -292,7 +292,7 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
                     mesh, plan = mesh_overrides(hw, study, episodes)
                     args += mesh
                     fits = plan["fits"]
-                    figures = compiler_figures(hw, study)
+                    figures = compiler_figures(hw, study, opts.get("compile_plans", COMPILE_PLANS))
                     if figures:  # the TPU compiler's word on the same functions overrides the plan's
                         compiler = compiler_check(plan, figures)
                         fits = fits and compiler["fits"]
@@ -657,6 +657,11 @@ def define_flags() -> None:
         "override rollout.tasks_per_step (0 = the configs' 16 per env; 128 = the 128 x 8 reading)",
     )
     flags.DEFINE_list("train_flags", [], "extra launch/train.py flags for every run (e.g. --stop_after=1)")
+    flags.DEFINE_string(
+        "compile_plans",
+        COMPILE_PLANS,
+        "launch/compile_check.py lines that check each run's functions on its hardware ('' = the memory plan alone)",
+    )
     flags.DEFINE_bool("execute", False, "run the commands (local, tpu_pod) or submit them (slurm)")
     flags.DEFINE_bool("estimate", False, "print device-hour estimates (JSON lines) instead")
     flags.DEFINE_list(
@@ -680,6 +685,7 @@ def options() -> dict:
         "nodes": F.nodes,  # 0: the hardware's hosts
         "tasks_per_step": F.tasks_per_step,
         "train_flags": F.train_flags,
+        "compile_plans": F.compile_plans,
     }
 
 

@@ -183,7 +183,7 @@ def test_train_py_accepts_a_printed_command(tmp_path):
     command (every override key exists, the final config validates) and exits before touching the workdir."""
     out = _cli(
         "--table=capacity", "--hardware=v5p-64", "--seeds=1", f"--root={tmp_path}", "--models_dir=/models",
-        "--train_flags=--print_config", "--execute",
+        "--train_flags=--print_config", "--execute", "--compile_plans=",  # the plan's command, unchecked
     )  # fmt: skip
     lines = {ln.split("#")[0].split("=", 1)[0].strip(): ln.split("#")[0].split("=", 1)[1].strip()
              for ln in out.stdout.splitlines() if " = " in ln and not ln.startswith("#")}  # fmt: skip
@@ -223,7 +223,7 @@ def test_tpu_pod_execute_goes_through_the_recipe():
     """--execute with tpu_pod.sh's own DRY_RUN=1: the gcloud command that runs train.py on every host."""
     out = _cli(
         "--table=capacity", "--launcher=tpu_pod", "--tpu_name=my-v5p-64", "--zone=us-east5-a", "--seeds=0",
-        "--root=/mnt/shared/runs", "--execute", env={"DRY_RUN": "1"},
+        "--root=/mnt/shared/runs", "--execute", "--compile_plans=", env={"DRY_RUN": "1"},
     )  # fmt: skip
     runs, cmds, _ = _runs(out.stdout)
     assert shlex.split(cmds[0])[:4] == ["launch/tpu_pod.sh", "train", "my-v5p-64", "us-east5-a"]
@@ -340,3 +340,19 @@ def test_compiler_figures_check_the_plan(tmp_path):
     got = rp.compiler_check(plan, figures)
     assert not got["fits"] and got["functions"]["actor_update"] == {"peak_gib": 120.0, "fits": False}
     assert rp.compiler_figures("v5p-64", "main", str(tmp_path / "missing.jsonl")) == {}
+
+
+def test_the_compiler_stops_a_run_the_plan_lets_through():
+    """The capacity study on a v5p-64: the memory plan fits it (extractor over tensor=2, 160 distillation rows at
+    64k), but the TPU compiler needs 110.5 GiB per chip for the extractor's generation at those rows
+    (launch/compile_plans.jsonl, 2026-12-03): the run is listed as not runnable, naming the compiler."""
+    rp = _rp()
+    _, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
+    assert plan["fits"]
+    check = rp.compiler_check(plan, rp.compiler_figures("v5p-64", "capacity"))
+    assert (
+        check["functions"]["extractor_update"]["fits"] and not check["functions"]["extractor_decode"]["fits"]
+    )
+    out = _cli("--table=capacity", "--hardware=v5p-64", "--seeds=0")
+    runs, _, _ = _runs(out.stdout)
+    assert runs and all(not r["runnable"] and "TPU compiler" in r["note"] for r in runs)
