@@ -119,6 +119,44 @@ def test_four_functions_fit_on_a_v5p_2x2x1(tiny_model):
     assert upd["decode"]["shapes"]["max_new_tokens"] == 4096  # actor.sampling.max_new_tokens
 
 
+@pytest.fixture(scope="module")
+def kv_model(tmp_path_factory):
+    """Four layers with a TPU-shaped KV cache: 4 KV heads of 128 (a [.., 4, 128] tile, as Qwen2.5-7B's)."""
+    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
+        d = json.load(f)
+    d.update(
+        hidden_size=512,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=4,
+        max_window_layers=4,
+        vocab_size=512,
+    )
+    path = tmp_path_factory.mktemp("compile_check_kv") / "kv.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def test_decode_updates_the_cache_in_place(kv_model):
+    """The decode loop's KV-cache writes must not copy the cache: the TPU compiler's temporaries stay within one
+    layer's K and V (read by attention) plus the scores. The ``jax.vmap``-batched scatter transposed the whole
+    ``[L, B, S, Hkv, Dh]`` cache into a temporary (temp 1.015 GiB here, = the cache; 7.2 GiB per chip for the
+    paper's 7B decode)."""
+    _need_libtpu()
+    p, lines = _run([*_small(kv_model), "--functions=decode", "--rows=16", "--seq_len=32768"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (ln,) = lines
+    rows_per_chip, layers, slots, kv_heads, head_dim = 16 // 4, 4, 32768, 4, 128
+    cache = 2 * layers * rows_per_chip * slots * kv_heads * head_dim * 2 / 2**30  # K and V, bf16: 1 GiB
+    one_layer = cache / layers  # 0.25 GiB: K and V of the layer being attended
+    scores = rows_per_chip * 4 * 16 * slots * 4 / 2**30  # f32 [rows, heads, 16 inputs, S]: 8 MiB
+    assert ln["out_gib"] == pytest.approx(cache, abs=0.01) and ln["alias_gib"] == pytest.approx(
+        cache, abs=0.01
+    )
+    assert ln["temp_gib"] <= one_layer + scores + 1 / 32, ln  # measured 0.164 GiB (2026-12-03)
+
+
 def test_oversized_shape_reports_the_requested_size(tiny_model):
     """4,096 rows x 1M cache slots (256 GiB of KV cache per chip): the compiler refuses, the line says by how much."""
     _need_libtpu()

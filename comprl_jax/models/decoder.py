@@ -301,12 +301,28 @@ class Decoder(nnx.Module):
 
 
 def _write_rows(cache: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
-    """``cache[layer, b, slots[b, t]] = new[b, t]`` for every row (slots past the cache are dropped), as a scatter
-    batched over the rows (``vmap``): with the rows sharded over the batch axes each device writes its own rows.
-    (The same scatter written with explicit row indices made the SPMD partitioner all-gather every row's new
-    keys and values, ``[B, T, Hkv, Dh]`` per layer, onto every device.)"""
-    one = lambda c, s_, x: c.at[layer, s_].set(x.astype(c.dtype), mode="drop")  # noqa: E731
-    return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(cache, slots, new)
+    """``cache[layer, b, slots[b, t]] = new[b, t]`` for every row (slots past the cache are dropped).
+
+    One scatter whose row axis is a *batching* dimension of both the cache (axis 1) and the indices (axis 0): with
+    the rows sharded over the batch axes each device writes its own rows, in place. Two other spellings cost a
+    copy: explicit row indices made the SPMD partitioner all-gather every row's new keys and values
+    (``[B, T, Hkv, Dh]`` per layer) onto every device, and ``jax.vmap`` over axis 1 moved the row axis to the
+    front, so XLA transposed the whole ``[L, B, S, Hkv, Dh]`` cache into a temporary and back (the TPU compiler's
+    decode plan held 2.5 caches; tests/test_rollout_layout.py checks the buffers).
+
+    Shapes: cache ``[L, B, S, Hkv, Dh]``, layer ``[]``, slots ``[B, T]`` int32, new ``[B, T, Hkv, Dh]``.
+    """
+    idx = jnp.stack([jnp.broadcast_to(layer, slots.shape).astype(slots.dtype), slots], axis=-1)  # [B, T, 2]
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(2, 3),  # Hkv, Dh of each update
+        inserted_window_dims=(0, 2),  # one layer, one slot
+        scatter_dims_to_operand_dims=(0, 2),
+        operand_batching_dims=(1,),  # row b of the cache ...
+        scatter_indices_batching_dims=(0,),  # ... takes row b's indices and updates
+    )
+    return jax.lax.scatter(
+        cache, idx, new.astype(cache.dtype), dims, mode=jax.lax.GatherScatterMode.FILL_OR_DROP
+    )
 
 
 @flax.struct.dataclass
