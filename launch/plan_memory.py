@@ -50,7 +50,10 @@ flags.DEFINE_string("cache_dtype", "bfloat16", "KV cache dtype")
 flags.DEFINE_string("extractor_config", None, "optional second model on its own (disjoint) mesh")
 flags.DEFINE_string("extractor_mesh", "fsdp=8", "mesh axes of the extractor")
 flags.DEFINE_enum(
-    "paper", None, ["v5p-64", "8xh100", "8xh200", "16xh100"], "plan the paper's full setting on this hardware"
+    "paper",
+    None,
+    ["v5p-64", "8xh100", "8xh200", "16xh100", "16xh200"],
+    "plan the paper's full setting on this hardware",
 )
 flags.DEFINE_enum(
     "study",
@@ -150,6 +153,7 @@ HARDWARE = {
     "8xh100": {"devices": 8, "hosts": 1, "hbm_bytes": 81_559 * 1024**2},
     "8xh200": {"devices": 8, "hosts": 1, "hbm_bytes": 143_771 * 1024**2},
     "16xh100": {"devices": 16, "hosts": 2, "hbm_bytes": 81_559 * 1024**2},  # two 8xH100 nodes
+    "16xh200": {"devices": 16, "hosts": 2, "hbm_bytes": 143_771 * 1024**2},  # two 8xH200 nodes
 }
 USABLE = 0.90  # of HBM: XLA's own reserve, fragmentation and the temporaries this plan does not itemise
 PAPER = {  # SPEC §9
@@ -232,6 +236,21 @@ def update_activation_bytes(
     }
 
 
+ROLLOUT_TENSORS = (1, 2, 4, 8)  # the sampler's tensor splits a paper plan tries ({role}.rollout_tensor)
+
+
+def rollout_tensors(cfg, devices: int) -> list[int]:
+    """Splits of :data:`ROLLOUT_TENSORS` dividing the role's devices and the model's KV heads (as the layout's)."""
+    return [t for t in ROLLOUT_TENSORS if devices % t == 0 and cfg.num_kv_heads % t == 0]
+
+
+def sampler_copy_bytes(config: str, devices: int, tensor: int) -> int:
+    """Per-device bytes of the sampler's bf16 weight copy on its ``(data = devices / tensor, 1, tensor)`` decode
+    mesh (``sampling/layout.py``: the logical rules on that mesh)."""
+    mesh = {"data": devices // tensor, "fsdp": 1, "tensor": tensor}
+    return plan(config, mesh, 1, 1, "bfloat16", "bfloat16")["bytes_per_device"]["params"]
+
+
 def paper_plan(
     hardware: str,
     placement: str,
@@ -248,7 +267,9 @@ def paper_plan(
     Meshes are ``fsdp x tensor``; one sequence per fsdp group per micro-batch. Rollout and distillation caches
     are static (full context per row), so the plan reports how many rows fit at once (globally) and how many
     waves a step's 1,024 trajectories then need. ``study="capacity"``: the extractor is the MoE of the paper's
-    capacity study (:data:`STUDY_EXTRACTOR`), its experts spread over the extractor's fsdp devices.
+    capacity study (:data:`STUDY_EXTRACTOR`), its experts spread over the extractor's fsdp devices. Each
+    sampler's bf16 weight copy (its rollout layout, ``rollout_tensor``: chosen here for the fewest waves) is
+    resident in every phase.
     """
     hw = HARDWARE[hardware]
     n = hw["devices"]
@@ -269,20 +290,37 @@ def paper_plan(
     emb = plan(PAPER["embedder"], ext_mesh, 1, 1, "bfloat16", "bfloat16")["bytes_per_device"]["params"]
     a_act = update_activation_bytes(actor_cfg, 1, PAPER["actor_seq"], t_a, logits_chunk)
     e_act = update_activation_bytes(ext_cfg, 1, PAPER["extractor_seq"], t_e, logits_chunk)
-    a_row = kv_bytes_per_row(actor_cfg, PAPER["actor_seq"], t_a)  # one row's cache on each of its t devices
-    e_row = kv_bytes_per_row(ext_cfg, PAPER["extractor_seq"], t_e)
     a_res, e_res = sum(a_state.values()), sum(e_state.values()) + emb
     a_up, e_up = sum(a_act.values()), sum(e_act.values())
-    if placement == "colocated":
-        peak_update = a_res + e_res + max(a_up, e_up)
-        free_rollout = usable - a_res - e_res - e_up  # rollout || extractor update
-        free_distill = usable - a_res - e_res - a_up  # actor update || distillation
-    else:
-        peak_update = max(a_res + a_up, e_res + e_up)
-        free_rollout, free_distill = usable - a_res, usable - e_res
-    # rows per device group: a row's cache is split over its tensor group, rows over the fsdp groups
-    rollout_rows = max(int(free_rollout // a_row), 0) * actor_mesh["fsdp"]
-    distill_rows = max(int(free_distill // e_row), 0) * ext_mesh["fsdp"]
+    # Each sampler keeps its own bf16 copy on a (data = n / t, 1, t) decode mesh (sampling/layout.py), resident
+    # through every phase; rows split over the data groups, each row's cache over its t devices. The split of
+    # each role is the one with the fewest rollout + distillation waves (ties: the smaller split; when no update
+    # peak fits, the smallest peak).
+    best = None
+    for rt_a in rollout_tensors(actor_cfg, actor_n):
+        for rt_e in rollout_tensors(ext_cfg, ext_n):
+            c_a = sampler_copy_bytes(PAPER["actor"], actor_n, rt_a)
+            c_e = sampler_copy_bytes(extractor, ext_n, rt_e)
+            if placement == "colocated":
+                resident = a_res + e_res + c_a + c_e
+                peak = resident + max(a_up, e_up)
+                free_rollout = usable - resident - e_up  # rollout || extractor update
+                free_distill = usable - resident - a_up  # actor update || distillation
+            else:
+                peak = max(a_res + c_a + a_up, e_res + c_e + e_up)
+                free_rollout, free_distill = usable - a_res - c_a, usable - e_res - c_e
+            a_row = kv_bytes_per_row(
+                actor_cfg, PAPER["actor_seq"], rt_a
+            )  # one row's cache on each of its devices
+            e_row = kv_bytes_per_row(ext_cfg, PAPER["extractor_seq"], rt_e)
+            rollout = max(int(free_rollout // a_row), 0) * (actor_n // rt_a)
+            distill = max(int(free_distill // e_row), 0) * (ext_n // rt_e)
+            waves = -(-PAPER["rollout_rows"] // rollout) if rollout else math.inf
+            waves += -(-PAPER["distill_rows"] // distill) if distill else math.inf
+            key = (max(peak - usable, 0), waves, rt_a * rt_e)  # a peak that fits first, then fewest waves
+            if best is None or key < best[0]:
+                best = (key, rt_a, rt_e, c_a, c_e, peak, a_row, e_row, rollout, distill)
+    _, rt_a, rt_e, c_a, c_e, peak_update, a_row, e_row, rollout_rows, distill_rows = best
     fits = peak_update <= usable and rollout_rows >= 1 and distill_rows >= 1
 
     def gib(x):
@@ -307,6 +345,8 @@ def paper_plan(
             "actor": {k: gib(v) for k, v in a_act.items()},
             "extractor": {k: gib(v) for k, v in e_act.items()},
         },
+        "rollout_tensor": {"actor": rt_a, "extractor": rt_e},
+        "sampler_copy_gib": {"actor": gib(c_a), "extractor": gib(c_e)},
         "kv_gib_per_row_per_device": {"actor_32k": gib(a_row), "extractor_64k": gib(e_row)},
         "peak_update_gib": gib(peak_update),
         "rollout_rows_at_once": rollout_rows,

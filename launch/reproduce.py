@@ -22,8 +22,11 @@ ablation_no_merge.py / ablation_no_search_ask.py: Complementary RL, read beside 
 
 Paper scale: each run gets the meshes of the memory plan (``launch/plan_memory.py``'s ``best_paper_plan``,
 co-located): ``mesh.data=1, mesh.fsdp=-1``, the extractor's tensor split where the plan needs one, micro-batches
-of one sequence per fsdp group, ``rollout.rows_per_wave`` from the rows that fit and ``extractor.rows_per_call``
-from the distillation rows that fit. ``--models_dir=D`` passes
+of one sequence per fsdp group, the samplers' splits ``{role}.rollout_tensor``, ``rollout.rows_per_wave`` from the
+rows that fit and ``extractor.rows_per_call`` from the distillation rows that fit. Where ``launch/compile_plans.jsonl``
+holds the TPU compiler's figures for the hardware (``launch/compile_check.py``), the splits and both wave sizes come
+from those instead (:func:`compiler_layout`), the updates' meshes and micro-batches are checked to be the compiled
+ones (:func:`stale_reason`), and a run that the compiler cannot fit is listed as not runnable. ``--models_dir=D`` passes
 ``D/<name>`` for every Hugging Face model the config names (``Qwen/Qwen2.5-7B-Instruct`` -> ``D/Qwen2.5-7B-
 Instruct``). SWE-Bench needs a sandboxed env this project does not ship: it is listed, never executed.
 
@@ -143,13 +146,12 @@ def _plan_memory():
     return pm
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
-
-
-def mesh_overrides(hardware: str, study: str, episodes: int) -> tuple[list[str], dict]:
+def mesh_overrides(
+    hardware: str, study: str, episodes: int, layout: dict | None = None
+) -> tuple[list[str], dict]:
     """``--config.*`` flags that put a paper-scale run on the memory plan of ``hardware`` (co-located), and the
-    plan. ``episodes``: the step's trajectories (``rows_per_wave`` must divide it)."""
+    plan. ``episodes``: the step's trajectories (``rows_per_wave`` must divide it). ``layout``: the TPU compiler's
+    (:func:`compiler_layout`), whose rollout tensor splits and wave sizes replace the plan's."""
     pm = _plan_memory()
     p = pm.best_paper_plan(hardware, "colocated", study=study)
     a, e = p["mesh"]["actor"], p["mesh"]["extractor"]
@@ -160,11 +162,26 @@ def mesh_overrides(hardware: str, study: str, episodes: int) -> tuple[list[str],
         out.append(f"--config.mesh.extractor_tensor={e['tensor']}")
     # one sequence per fsdp group per micro-batch, as the plan's activations assume
     out += [f"--config.actor.micro_batch={a['fsdp']}", f"--config.extractor.micro_batch={e['fsdp']}"]
-    rows = p["rollout_rows_at_once"]
+    if layout is not None:  # the compiler's figures: rollout layouts and the rows that fit beside the updates
+        for role in ("actor", "extractor"):
+            out.append(f"--config.{role}.rollout_tensor={layout['rollout_tensor'][role]}")
+        if 0 < layout["rows_per_wave"] < episodes:
+            out.append(f"--config.rollout.rows_per_wave={layout['rows_per_wave']}")
+        if 0 < layout["rows_per_call"] < episodes:
+            out.append(f"--config.extractor.rows_per_call={layout['rows_per_call']}")
+        return out, p
+    for role in (
+        "actor",
+        "extractor",
+    ):  # the plan's sampler layouts (the library's automatic split may differ)
+        out.append(f"--config.{role}.rollout_tensor={p['rollout_tensor'][role]}")
+    # the rows that fit, as the sampler will bucket them (a power of two, a multiple of its data groups)
+    groups = {r: p["mesh"][r]["fsdp"] * p["mesh"][r]["tensor"] // p["rollout_tensor"][r] for r in p["mesh"]}
+    rows = bucketed_rows(p["rollout_rows_at_once"], groups["actor"], episodes)
     if 0 < rows < episodes:
-        out.append(f"--config.rollout.rows_per_wave={_largest_divisor_at_most(episodes, rows)}")
-    distill = p["distill_rows_at_once"]  # distillation prompts at full extractor context that fit at once
-    if 0 < distill < episodes:
+        out.append(f"--config.rollout.rows_per_wave={rows}")
+    distill = bucketed_rows(p["distill_rows_at_once"], groups["extractor"], episodes)
+    if 0 < distill < episodes:  # distillation prompts at full extractor context that fit at once
         out.append(f"--config.extractor.rows_per_call={distill}")
     return out, p
 
@@ -177,41 +194,206 @@ COMPILE_PLANS = os.path.join(ROOT, "launch", "compile_plans.jsonl")
 COMPILE_CONFIG = {"main": "configs/minihack_room.py", "capacity": "configs/extractor_capacity.py"}
 
 
-def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> dict[str, dict]:
-    """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled); of several
-    lines for one function the last in the file wins (compile with reproduce.py's overrides last)."""
+def compiler_lines(hardware: str, study: str, path: str = COMPILE_PLANS) -> list[dict]:
+    """Every ``compile_check`` line of ``path`` for ``hardware`` and ``study``, in file order ([] when none)."""
     if not path or not os.path.isfile(path):
-        return {}
-    out = {}
+        return []
+    out = []
     with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
             d = json.loads(line)
             if d.get("hardware") == hardware and d.get("config") == COMPILE_CONFIG[study]:
-                out[d["function"]] = d
+                out.append(d)
     return out
 
 
-def compiler_check(plan: dict, figures: dict[str, dict]) -> dict:
+def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> dict[str, dict]:
+    """``{function: compile_check line}`` for ``hardware`` and ``study`` ({} when none were compiled); of several
+    lines for one function the last in the file wins (compile with reproduce.py's overrides last)."""
+    return {d["function"]: d for d in compiler_lines(hardware, study, path)}
+
+
+def stale_reason(plan: dict, line: dict, rollout_tensor: dict) -> str | None:
+    """Why a compile line does not describe the run (another update mesh or micro-batch, another rollout tensor
+    split), or None. ``rollout_tensor``: ``{role: split}`` the run uses."""
+    fn = line["function"]
+    role = "extractor" if fn.startswith("extractor_") else "actor"
+    if fn.endswith("_update"):
+        m = plan["mesh"][role]
+        want = {"data": 1, "fsdp": m["fsdp"], "tensor": m["tensor"]}
+        if line["mesh"] != want or line["shapes"].get("micro_batch_rows") != m["fsdp"]:
+            return (
+                f"compiled on {line['mesh']} x {line['shapes'].get('micro_batch_rows')} rows; "
+                f"the run uses {want} x {m['fsdp']}"
+            )
+        return None
+    if line["mesh"]["tensor"] != rollout_tensor[role]:
+        return f"compiled at rollout tensor {line['mesh']['tensor']}; the run uses {rollout_tensor[role]}"
+    return None
+
+
+def compiler_check(plan: dict, figures: dict[str, dict], layout: dict | None = None) -> dict:
     """The memory plan beside the compiler: per function the compiler's peak GiB per chip and fits, and for each
     update the plan's figure for that role alone (its resident state + update activations) over the compiler's
-    peak (``plan_over_compiler``; > 1: the plan is conservative). ``fits``: every compiled function fits."""
-    out = {"functions": {}, "plan_over_compiler": {}}
+    peak (``plan_over_compiler``; > 1: the plan is conservative). ``fits``: every compiled function fits. A line
+    compiled for another mesh, micro-batch or rollout split than the run's (``layout``'s, else the plan's) is
+    listed under ``stale`` and counts for nothing."""
+    tensors = (layout or plan)["rollout_tensor"]
+    out = {"functions": {}, "plan_over_compiler": {}, "stale": {}}
     for fn, d in sorted(figures.items()):
+        why = stale_reason(plan, d, tensors)
+        if why:
+            out["stale"][fn] = why
+            continue
         out["functions"][fn] = {
             "peak_gib": d.get("peak_gib") or d.get("requested_gib"),
             "fits": d.get("fits"),
         }
     for role in ("actor", "extractor"):
         d = figures.get(f"{role}_update")
-        if d and d.get("peak_gib"):
+        if d and d.get("peak_gib") and f"{role}_update" in out["functions"]:
             planned = sum(plan["state_gib"][role].values()) + sum(
                 plan["update_activations_gib"][role].values()
             )
             out["plan_over_compiler"][f"{role}_update"] = round(planned / d["peak_gib"], 3)
     out["fits"] = all(v["fits"] is True for v in out["functions"].values())
     return out
+
+
+def chosen_figures(lines: list[dict], rollout_tensor: dict) -> dict[str, dict]:
+    """``{function: line}``: the last line of each function; a sampler function's at the run's rollout tensor
+    split (``{role: split}``) when one was compiled."""
+    out = {}
+    for d in lines:
+        role = "extractor" if d["function"].startswith("extractor_") else "actor"
+        if d["function"] in out and not d["function"].endswith("_update"):
+            if (
+                d["mesh"]["tensor"] != rollout_tensor[role]
+                and out[d["function"]]["mesh"]["tensor"] == rollout_tensor[role]
+            ):
+                continue
+        out[d["function"]] = d
+    return out
+
+
+def sampler_cost(line_prefill: dict, line_decode: dict, kv_row_gib: float) -> dict:
+    """One role's generation on one chip, from the compiler's lines for its prefill and decode at one rollout
+    layout (mesh ``data x tensor``; a row's KV cache split over its ``tensor`` chips, rows over ``data``).
+
+    ``kv_gib``: one row's share of the KV cache per chip (exact: ``kv_row_gib``, bf16 K and V at full context).
+    ``copy_gib``: the sampler's weight copy per chip = the decode's arguments less its rows' cache. ``work_gib``:
+    the larger of prefill's and decode's temporaries at the compiled rows; taken to grow in proportion beyond them
+    (attention scores and logits are per row), never to shrink below.
+    """
+    mesh, shapes = line_decode["mesh"], line_decode["shapes"]
+    rows_chip = shapes["rows"] / mesh["data"]  # rows per tensor group: each chip holds 1/tensor of each
+    return {
+        "tensor": mesh["tensor"],
+        "groups": mesh["data"],
+        "rows_compiled": rows_chip,
+        "kv_gib": kv_row_gib,
+        "copy_gib": max(line_decode["args_gib"] - rows_chip * kv_row_gib, 0.0),
+        "work_gib": max(line_prefill["temp_gib"], line_decode["temp_gib"]),
+    }
+
+
+def rows_that_fit(cost: dict, free_gib: float) -> int:
+    """Rows per tensor group whose cache, the weight copy and the working set fit in ``free_gib`` per chip."""
+    room = free_gib - cost["copy_gib"]
+    n = math.floor((room - cost["work_gib"]) / cost["kv_gib"])
+    if n > cost["rows_compiled"]:  # beyond the compiled rows the working set grows with the rows
+        n = max(
+            math.floor(room / (cost["kv_gib"] + cost["work_gib"] / cost["rows_compiled"])),
+            int(cost["rows_compiled"]),
+        )
+    return max(n, 0)
+
+
+def bucketed_rows(total: int, groups: int, divides: int) -> int:
+    """The most rows a wave may ask for: ``d <= total`` dividing ``divides`` (a step's episodes) whose sampler
+    bucket (``sampling.bucket``: a power of two, a multiple of the batch shards) is still ``<= total``; 0 if none."""
+    from comprl_jax.sampling import bucket
+
+    for d in range(min(total, divides), 0, -1):
+        if divides % d == 0 and bucket(d, minimum=1, multiple=groups) <= total:
+            return d
+    return 0
+
+
+def compiler_layout(plan: dict, lines: list[dict], episodes: int) -> dict | None:
+    """The rollout layout and wave sizes of a co-located paper run from the TPU compiler's figures.
+
+    Per chip, with the compiler's numbers: a role's resident state is its update's arguments (float32 params and
+    Adam moments), an update's peak is its peak, a sampler's copy / cache / working set are :func:`sampler_cost`.
+    The phases that overlap (trainer.py) must fit ``hbm_gib x plan_memory.USABLE``:
+
+      rollout || extractor update: actor state + extractor update peak + both sampler copies + embedder
+                                   + actor working set + rows x actor KV row
+      distillation || actor update: extractor state + actor update peak + both sampler copies + embedder
+                                   + extractor working set + rows x extractor KV row
+
+    Every compiled rollout tensor split of each role (``{role}.rollout_tensor``) is tried; the pair with the fewest
+    rollout + distillation waves wins (ties: the smaller split). ``None`` when the lines lack a role's update or
+    sampler functions. The updates' meshes and micro-batches must be the plan's (``mismatch`` otherwise: the
+    figures describe another run, recompile)."""
+    pm = _plan_memory()
+    by_fn: dict[str, list[dict]] = {}
+    for d in lines:
+        by_fn.setdefault(d["function"], []).append(d)
+    ups = {r: (by_fn.get(f"{r}_update") or [None])[-1] for r in ("actor", "extractor")}
+    if not all(u and u.get("peak_gib") for u in ups.values()):
+        return None
+    mismatch = [
+        f"{r}_update {why}" for r, u in ups.items() if (why := stale_reason(plan, u, plan["rollout_tensor"]))
+    ]
+    seq = {"actor": pm.PAPER["actor_seq"], "extractor": pm.PAPER["extractor_seq"]}
+    cfgs = {"actor": pm.named_config(pm.PAPER["actor"]), "extractor": pm.named_config(plan["extractor"])}
+    costs: dict[str, dict[int, dict]] = {}
+    for r, prefix in (("actor", ""), ("extractor", "extractor_")):
+        pre = {d["mesh"]["tensor"]: d for d in by_fn.get(f"{prefix}prefill", []) if d.get("fits")}
+        dec = {d["mesh"]["tensor"]: d for d in by_fn.get(f"{prefix}decode", []) if d.get("fits")}
+        costs[r] = {
+            t: sampler_cost(pre[t], dec[t], pm.kv_bytes_per_row(cfgs[r], seq[r], t) / pm.GIB)
+            for t in sorted(set(pre) & set(dec))
+        }
+        if not costs[r]:
+            return None
+    usable = ups["actor"]["hbm_gib"] * pm.USABLE
+    emb = plan["state_gib"]["embedder"]
+    best = None
+    for ta, ca in costs["actor"].items():
+        for te, ce in costs["extractor"].items():
+            copies = ca["copy_gib"] + ce["copy_gib"]
+            free_rollout = (
+                usable - ups["actor"]["args_gib"] - ups["extractor"]["peak_gib"] - emb - ce["copy_gib"]
+            )
+            free_distill = (
+                usable - ups["extractor"]["args_gib"] - ups["actor"]["peak_gib"] - emb - ca["copy_gib"]
+            )
+            rollout = bucketed_rows(rows_that_fit(ca, free_rollout) * ca["groups"], ca["groups"], episodes)
+            distill = bucketed_rows(rows_that_fit(ce, free_distill) * ce["groups"], ce["groups"], episodes)
+            waves = (-(-episodes // rollout) if rollout else math.inf) + (
+                -(-episodes // distill) if distill else math.inf
+            )
+            cand = {
+                "rollout_tensor": {"actor": ta, "extractor": te},
+                "rows_per_wave": rollout,
+                "rows_per_call": distill,
+                "rollout_waves": -(-episodes // rollout) if rollout else None,
+                "distill_waves": -(-episodes // distill) if distill else None,
+                "sampler_copies_gib": round(copies, 2),
+                "free_gib": {"rollout": round(free_rollout, 2), "distill": round(free_distill, 2)},
+                "usable_gib": round(usable, 2),
+                "fits": bool(rollout and distill) and not mismatch,
+                "mismatch": mismatch,
+                "_key": (waves, ta * te),
+            }
+            if best is None or cand["_key"] < best["_key"]:
+                best = cand
+    best.pop("_key")
+    return best
 
 
 def _model_dir(models_dir: str, name: str) -> str:
@@ -240,13 +422,14 @@ def default_hardware(launcher: str, scale: str, hardware: str) -> str:
 
 
 def run_hardware(hardware: str, launcher: str, study: str) -> str:
-    """``auto``: a v5p-64 through tpu_pod, else one 8xH100 node, or 8xH200 for the capacity study (its MoE
-    extractor does not fit 8xH100: WORKSPACE "Mixture of experts")."""
+    """``auto``: a v5p-64 through tpu_pod, else one 8xH100 node, or two 8xH200 nodes for the capacity study (its
+    MoE extractor, with the samplers' weight copies, fits neither 8xH100 nor one 8xH200 node: WORKSPACE "Mixture of
+    experts")."""
     if hardware != "auto":
         return hardware
     if launcher == "tpu_pod":
         return "v5p-64"
-    return "8xh200" if study == "capacity" else "8xh100"
+    return "16xh200" if study == "capacity" else "8xh100"
 
 
 def launcher_argv(launcher: str, config_arg: str, wd: str, train_args: list[str], opts: dict) -> list[str]:
@@ -289,13 +472,18 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
                 if opts["tasks_per_step"]:
                     args.append(f"--config.rollout.tasks_per_step={tasks}")
                 if hw != "none":
-                    mesh, plan = mesh_overrides(hw, study, episodes)
+                    _, plan = mesh_overrides(hw, study, episodes)
+                    lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
+                    layout = compiler_layout(plan, lines, episodes) if lines else None
+                    mesh, plan = mesh_overrides(hw, study, episodes, layout)
                     args += mesh
                     fits = plan["fits"]
-                    figures = compiler_figures(hw, study, opts.get("compile_plans", COMPILE_PLANS))
-                    if figures:  # the TPU compiler's word on the same functions overrides the plan's
-                        compiler = compiler_check(plan, figures)
-                        fits = fits and compiler["fits"]
+                    if lines:  # the TPU compiler's word on the same functions overrides the plan's
+                        compiler = compiler_check(
+                            plan, chosen_figures(lines, (layout or plan)["rollout_tensor"]), layout
+                        )
+                        compiler["layout"] = layout
+                        fits = fits and compiler["fits"] and (layout is None or layout["fits"])
                 if opts["models_dir"] and scale == "paper":
                     args.append(f"--config.actor.model={_model_dir(opts['models_dir'], c.actor.model)}")
                     if c.experience.enabled:
@@ -415,6 +603,7 @@ HARDWARE = {  # chips and per-chip peak; v5p-64 / 8xH100 / 8xH200 as launch/plan
     "8xh100": (8, ASSUMED["peak_flops"]["h100_bf16"]),
     "8xh200": (8, ASSUMED["peak_flops"]["h100_bf16"]),
     "16xh100": (16, ASSUMED["peak_flops"]["h100_bf16"]),
+    "16xh200": (16, ASSUMED["peak_flops"]["h100_bf16"]),
     "1xh100": (1, ASSUMED["peak_flops"]["h100_tf32"]),
     "cpu": (1, ASSUMED["peak_flops"]["cpu_2core"]),
 }
@@ -644,8 +833,8 @@ def define_flags() -> None:
     flags.DEFINE_enum(
         "hardware",
         "",
-        ["", "v5p-64", "8xh100", "8xh200", "16xh100", "none"],
-        "meshes from the memory plan of this hardware (default: tpu_pod v5p-64, else 8xh100, capacity 8xh200)",
+        ["", "v5p-64", "8xh100", "8xh200", "16xh100", "16xh200", "none"],
+        "meshes from the memory plan of this hardware (default: tpu_pod v5p-64, else 8xh100, capacity 16xh200)",
     )
     flags.DEFINE_string("models_dir", "", "folder of downloaded HF models, one sub-folder per repo name")
     flags.DEFINE_string("tpu_name", "TPU_NAME", "tpu_pod: the TPU VM slice")
@@ -665,7 +854,7 @@ def define_flags() -> None:
     flags.DEFINE_bool("execute", False, "run the commands (local, tpu_pod) or submit them (slurm)")
     flags.DEFINE_bool("estimate", False, "print device-hour estimates (JSON lines) instead")
     flags.DEFINE_list(
-        "estimate_on", [], "hardware of the estimates (default: v5p-64,8xh100,8xh200; smollm: 1xh100)"
+        "estimate_on", [], "hardware of the estimates (default: v5p-64,8xh100,16xh200; smollm: 1xh100)"
     )
 
 
@@ -690,7 +879,7 @@ def options() -> dict:
 
 
 def _hosts(hardware: str) -> int:
-    return {"16xh100": 2}.get(hardware, 1)
+    return {"16xh100": 2, "16xh200": 2}.get(hardware, 1)
 
 
 def estimates(tables: list[str], opts: dict, on: list[str]) -> list[dict]:
@@ -745,7 +934,7 @@ def main(argv):
     tables = list(TABLES) if F.table == "all" else [F.table]
     opts = options()
     if F.estimate:
-        on = F.estimate_on or (["1xh100"] if opts["scale"] == "smollm" else ["v5p-64", "8xh100", "8xh200"])
+        on = F.estimate_on or (["1xh100"] if opts["scale"] == "smollm" else ["v5p-64", "8xh100", "16xh200"])
         unknown = [h for h in on if h not in HARDWARE]
         if unknown:
             raise lu.LaunchError(f"--estimate_on: {unknown} unknown", f"choose from {sorted(HARDWARE)}")

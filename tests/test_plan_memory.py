@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "launch", "plan_memory.py")
 
@@ -109,7 +111,18 @@ def test_paper_plan_verdicts():
     pm = _pm()
     v5p = pm.paper_plan("v5p-64", "colocated")
     assert v5p["fits"] and v5p["mesh"]["actor"] == {"data": 1, "fsdp": 32, "tensor": 1}
-    assert v5p["rollout_rows_at_once"] == 352 and v5p["rollout_waves"] == 3
+    # Both samplers' bf16 copies split over 4 chips (7B: 3.55 GiB, 4B: 1.87 GiB per chip), resident throughout:
+    # rollout beside the extractor update has 85.5 - (4.45 + 2.38 + 3.55 + 1.87) - 58.36 = 14.9 GiB per chip,
+    # 34 rows of 0.44 GiB (a 32k row's cache over 4 chips) per group x 8 groups = 272 (4 waves of 1,024);
+    # distillation beside the actor update 85.5 - 12.25 - 32.98 = 40.3 GiB: 17 rows of 2.25 GiB x 8 = 136.
+    assert v5p["rollout_tensor"] == {"actor": 4, "extractor": 4}
+    assert v5p["sampler_copy_gib"] == {"actor": 3.55, "extractor": 1.87}
+    assert v5p["rollout_rows_at_once"] == 272 and v5p["rollout_waves"] == 4
+    assert v5p["distill_rows_at_once"] == 136 and v5p["distill_waves"] == 8
+    # the whole bf16 model per chip at t = 1 (7.6 B x 2 bytes = 14.2 GiB), a quarter at t = 4 (plus the norms and
+    # biases, which every chip keeps whole)
+    assert pm.sampler_copy_bytes("qwen2.5-7b-instruct", 32, 1) == 15_231_233_024
+    assert pm.sampler_copy_bytes("qwen2.5-7b-instruct", 32, 4) == pytest.approx(15_231_233_024 / 4, rel=1e-3)
     assert pm.paper_plan("v5p-64", "disjoint")["fits"]
     for placement in ("colocated", "disjoint"):
         assert not pm.paper_plan("8xh100", placement)["fits"]
@@ -221,28 +234,28 @@ def test_moe_activation_estimate_tracks_xla_buffer_plan():
 
 def test_capacity_study_plan_verdicts():
     """The figures quoted in WORKSPACE.md (Mixture of experts): the capacity study fits a v5p-64 once the MoE
-    extractor takes tensor=2; one 8xH100 node cannot hold the resident state; an 8xH200 node only co-located with
-    the extractor split over tensor=8."""
+    extractor's update takes tensor=4; one 8xH100 node cannot hold the resident state; with the samplers' copies
+    (the MoE's bf16 copy is 57 GiB, split at most 4 ways by its KV heads) no single 8xH200 node fits either, two
+    do (co-located, extractor fsdp=8 x tensor=2)."""
     pm = _pm()
     for placement in ("colocated", "disjoint"):
         assert not pm.paper_plan("v5p-64", placement, study="capacity")["fits"]
         best = pm.best_paper_plan("v5p-64", placement, study="capacity")
-        assert (
-            best["fits"]
-            and best["mesh"]["extractor"]["tensor"] == 2
-            and best["extractor"].startswith("qwen3-30b")
-        )
+        assert best["fits"] and best["extractor"].startswith("qwen3-30b")
     colo = pm.best_paper_plan("v5p-64", "colocated", study="capacity")
-    assert (colo["rollout_rows_at_once"], colo["distill_rows_at_once"]) == (256, 160)
+    assert colo["mesh"]["extractor"] == {"data": 1, "fsdp": 8, "tensor": 4}
+    assert (colo["rollout_rows_at_once"], colo["distill_rows_at_once"]) == (152, 64)
+    assert colo["sampler_copy_gib"] == {"actor": 3.55, "extractor": 14.24}
     h100 = pm.paper_plan("8xh100", "colocated", study="capacity")
     resident = sum(h100["state_gib"]["actor"].values()) + sum(h100["state_gib"]["extractor"].values())
     assert resident > h100["usable_gib"]  # f32 master + AdamW + gradients of 38 B parameters over 8 devices
-    assert not any(
-        pm.best_paper_plan("8xh100", p, study="capacity")["fits"] for p in ("colocated", "disjoint")
-    )
+    for hw in ("8xh100", "8xh200"):
+        assert not any(pm.best_paper_plan(hw, p, study="capacity")["fits"] for p in ("colocated", "disjoint"))
     h200 = pm.best_paper_plan("8xh200", "colocated", study="capacity")
-    assert h200["fits"] and h200["mesh"]["extractor"] == {"data": 1, "fsdp": 1, "tensor": 8}
-    assert not pm.best_paper_plan("8xh200", "disjoint", study="capacity")["fits"]
+    assert h200["peak_update_gib"] == 138.61 > h200["usable_gib"]  # the least peak over every split
+    two = pm.best_paper_plan("16xh200", "colocated", study="capacity")
+    assert two["fits"] and two["mesh"]["extractor"] == {"data": 1, "fsdp": 8, "tensor": 2}
+    assert (two["rollout_rows_at_once"], two["distill_rows_at_once"]) == (144, 80)
     # Two 8xH100 nodes hold the state but not the 64k-token extractor update next to it.
     assert not any(
         pm.best_paper_plan("16xh100", p, study="capacity")["fits"] for p in ("colocated", "disjoint")

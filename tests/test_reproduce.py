@@ -106,9 +106,10 @@ def test_every_table_lists_its_runs(dry_run):
     assert {r["workdir"] for r in runs if r["config"] == "configs/task_scaling.py"} >= {
         "runs/scaling/task_scaling_tasks6_baseline_s2"
     }
-    # SWE-Bench is listed (commented out), never executed; the capacity study goes to 8xH200 (8xH100: no fit)
+    # SWE-Bench is listed (commented out), never executed; the capacity study goes to two 8xH200 nodes (one
+    # node, 8xH100 or 8xH200, cannot hold its states, the updates and the samplers' copies)
     assert {r["config"] for r in runs if not r["runnable"]} == {"configs/swebench.py"}
-    assert {r["hardware"] for r in runs if r["table"] == "capacity"} == {"8xh200"}
+    assert {r["hardware"] for r in runs if r["table"] == "capacity"} == {"16xh200"}
     assert {r["hardware"] for r in runs if r["table"] != "capacity"} == {"8xh100"}
     # make_tables reads the table's runs and, for the capacity study, Table 1's Complementary RL and baseline
     cap = next(t for t in tables if t["table"] == "capacity")["make_tables"]
@@ -142,15 +143,18 @@ def test_every_command_builds_a_valid_config(dry_run):
 
 
 def test_mesh_flags_follow_the_memory_plan():
-    """8xH100: extractor fsdp=4 x tensor=2, 32 rollout rows, 8 distillation rows per extractor call (WORKSPACE
-    "Memory plans"); v5p-64: plain fsdp=32 (160 distillation rows: more than a step's 128), the capacity study's
-    extractor over tensor=2 (fsdp=16), 256 rows -> the largest divisor of 384 below: 192."""
+    """8xH100: extractor fsdp=4 x tensor=2, the samplers over 4 and 8 GPUs, 16 rollout rows, 6 distillation rows
+    that fit -> 4 per extractor call (the sampler buckets rows to a power of two: 6 would ask for 8; WORKSPACE
+    "Memory plans"); v5p-64: plain fsdp=32 (272 rollout and 136 distillation rows: more than a step's 128), the
+    capacity study's extractor over tensor=4 (fsdp=8), 152 rows -> 128 (a power of two dividing 384)."""
     rp = _rp()
     flags, plan = rp.mesh_overrides("8xh100", "main", 128)
-    assert plan["fits"] and flags == [
+    assert plan["fits"] and (plan["rollout_rows_at_once"], plan["distill_rows_at_once"]) == (16, 6)
+    assert flags == [
         "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.mesh.extractor_tensor=2",
-        "--config.actor.micro_batch=8", "--config.extractor.micro_batch=4", "--config.rollout.rows_per_wave=32",
-        "--config.extractor.rows_per_call=8",
+        "--config.actor.micro_batch=8", "--config.extractor.micro_batch=4", "--config.actor.rollout_tensor=4",
+        "--config.extractor.rollout_tensor=8", "--config.rollout.rows_per_wave=16",
+        "--config.extractor.rows_per_call=4",
     ]  # fmt: skip
     flags, _ = rp.mesh_overrides("v5p-64", "main", 128)
     assert flags == [
@@ -158,11 +162,15 @@ def test_mesh_flags_follow_the_memory_plan():
         "--config.mesh.fsdp=-1",
         "--config.actor.micro_batch=32",
         "--config.extractor.micro_batch=32",
-    ]  # fmt: skip  (352 rows fit: one wave)
+        "--config.actor.rollout_tensor=4",
+        "--config.extractor.rollout_tensor=4",
+    ]  # fmt: skip  (272 rows fit: one wave)
     flags, _ = rp.mesh_overrides("v5p-64", "capacity", 384)
-    assert "--config.mesh.extractor_tensor=2" in flags and "--config.rollout.rows_per_wave=192" in flags
-    assert "--config.extractor.micro_batch=16" in flags and "--config.extractor.rows_per_call=160" in flags
+    assert "--config.mesh.extractor_tensor=4" in flags and "--config.rollout.rows_per_wave=128" in flags
+    assert "--config.extractor.micro_batch=8" in flags and "--config.extractor.rows_per_call=64" in flags
     assert not rp.mesh_overrides("8xh100", "capacity", 384)[1]["fits"]
+    assert rp.bucketed_rows(6, 1, 128) == 4 and rp.bucketed_rows(152, 8, 384) == 128
+    assert rp.bucketed_rows(7, 8, 1024) == 0  # fewer rows than data groups: nothing a bucket can hold
 
 
 def test_smollm_scale_runs_one_gpu_without_mesh_flags():
@@ -187,8 +195,9 @@ def test_train_py_accepts_a_printed_command(tmp_path):
     )  # fmt: skip
     lines = {ln.split("#")[0].split("=", 1)[0].strip(): ln.split("#")[0].split("=", 1)[1].strip()
              for ln in out.stdout.splitlines() if " = " in ln and not ln.startswith("#")}  # fmt: skip
-    assert lines["seed"] == "1" and lines["mesh.extractor_tensor"] == "2"
-    assert lines["extractor.micro_batch"] == "16" and lines["rollout.rows_per_wave"] == "192"
+    assert lines["seed"] == "1" and lines["mesh.extractor_tensor"] == "4"
+    assert lines["extractor.micro_batch"] == "8" and lines["rollout.rows_per_wave"] == "128"
+    assert lines["actor.rollout_tensor"] == "4" and lines["extractor.rollout_tensor"] == "4"
     assert lines["extractor.model"].strip("'\"") == "/models/Qwen3-30B-A3B-Instruct-2507"
     assert "running: " in out.stderr and os.listdir(tmp_path) == []
 
@@ -312,7 +321,8 @@ def test_estimate_cli_rows_are_positive_and_totals_add_up():
                 all(v >= 0 for v in r["flops_per_step"].values()) and r["flops_per_step"]["actor_rollout"] > 0
             )
         else:
-            assert (r["table"], r["hardware"]) == ("capacity", "8xh100")  # the memory plan: it does not fit
+            # the memory plan: one 8xH100 node does not hold the capacity study
+            assert (r["table"], r["hardware"]) == ("capacity", "8xh100"), r
     for t in (r for r in rows if r.get("total")):
         mine = [r for r in runs if (r["table"], r["hardware"]) == (t["table"], t["hardware"]) and r["fits"]]
         assert t["device_h"] == pytest.approx(sum(3 * r["device_h"] for r in mine))
@@ -325,10 +335,20 @@ def test_compiler_figures_check_the_plan(tmp_path):
     the compiler cannot fit makes the run not runnable, whatever the analytic plan says."""
     rp = _rp()
     _, plan = rp.mesh_overrides("v5p-64", "main", 128)
-    shipped = rp.compiler_figures("v5p-64", "main")
-    assert {"actor_update", "extractor_update", "prefill", "decode"} <= set(shipped)
-    check = rp.compiler_check(plan, shipped)
-    assert check["fits"] and all(v["fits"] for v in check["functions"].values())
+    lines = rp.compiler_lines("v5p-64", "main")
+    layout = rp.compiler_layout(plan, lines, 128)
+    shipped = rp.chosen_figures(lines, layout["rollout_tensor"])
+    assert {"actor_update", "extractor_update", "prefill", "decode", "extractor_decode"} <= set(shipped)
+    check = rp.compiler_check(plan, shipped, layout)
+    assert check["fits"] and all(v["fits"] for v in check["functions"].values()) and not check["stale"]
+    # the plan's own rollout splits (4 and 4) were compiled too, the line of another split is stale
+    other = rp.compiler_check(
+        plan, {"prefill": {**shipped["prefill"], "mesh": {"data": 32, "fsdp": 1, "tensor": 1}}}
+    )
+    assert (
+        other["stale"] == {"prefill": "compiled at rollout tensor 1; the run uses 4"}
+        and other["functions"] == {}
+    )
     # the analytic plan is conservative against the TPU compiler (WORKSPACE "Paper scale through the TPU
     # compiler": 1.21 / 1.19 on 2026-12-03), never optimistic
     for ratio in check["plan_over_compiler"].values():
@@ -337,22 +357,114 @@ def test_compiler_figures_check_the_plan(tmp_path):
     bad = tmp_path / "plans.jsonl"
     bad.write_text(json.dumps({**line, "hardware": "v5p-64"}) + "\n")
     figures = rp.compiler_figures("v5p-64", "main", str(bad))
-    got = rp.compiler_check(plan, figures)
+    got = rp.compiler_check(plan, figures, layout)
     assert not got["fits"] and got["functions"]["actor_update"] == {"peak_gib": 120.0, "fits": False}
     assert rp.compiler_figures("v5p-64", "main", str(tmp_path / "missing.jsonl")) == {}
 
 
 def test_the_compiler_stops_a_run_the_plan_lets_through():
-    """The capacity study on a v5p-64: the memory plan fits it (extractor over tensor=2, 160 distillation rows at
-    64k), but the TPU compiler needs 110.5 GiB per chip for the extractor's generation at those rows
-    (launch/compile_plans.jsonl, 2026-12-03): the run is listed as not runnable, naming the compiler."""
+    """The capacity study on a v5p-64 with the plan's overrides (extractor update over tensor=4, both samplers over 4
+    chips): the memory plan fits it (152 rollout rows), and the TPU compiler fits every function on its own
+    (launch/compile_plans.jsonl, 2026-12-03), but not together: beside the MoE update's 66.27 GiB peak, the actor's
+    2.67 GiB state, the embedder and the extractor sampler's 14.24 GiB copy, 86.17 - 2.67 - 66.27 - 0.03 - 14.24 =
+    2.96 GiB per chip is left for the rollout, less than the actor sampler's own 3.55 GiB copy. The run is listed as
+    not runnable, naming the compiler. The plan is optimistic about the MoE update (0.83x the compiler's peak)."""
     rp = _rp()
     _, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
-    assert plan["fits"]
-    check = rp.compiler_check(plan, rp.compiler_figures("v5p-64", "capacity"))
-    assert (
-        check["functions"]["extractor_update"]["fits"] and not check["functions"]["extractor_decode"]["fits"]
-    )
+    assert plan["fits"] and plan["rollout_rows_at_once"] == 152
+    lines = rp.compiler_lines("v5p-64", "capacity")
+    layout = rp.compiler_layout(plan, lines, 384)
+    assert layout["free_gib"]["rollout"] == 2.96 and layout["rows_per_wave"] == 0 and not layout["fits"]
+    assert layout["sampler_copies_gib"] == 17.78  # 3.55 (7B over 4 chips) + 14.24 (30B over 4)
+    check = rp.compiler_check(plan, rp.chosen_figures(lines, layout["rollout_tensor"]), layout)
+    assert check["fits"] and not check["stale"]  # each function alone fits
+    assert check["plan_over_compiler"]["extractor_update"] == pytest.approx(0.83, abs=0.01)
     out = _cli("--table=capacity", "--hardware=v5p-64", "--seeds=0")
     runs, _, _ = _runs(out.stdout)
     assert runs and all(not r["runnable"] and "TPU compiler" in r["note"] for r in runs)
+
+
+def _line(fn, mesh, shapes, **gib):
+    return {"hardware": "v5p-64", "config": "configs/minihack_room.py", "function": fn, "mesh": mesh,
+            "shapes": shapes, "fits": True, "hbm_gib": 95.74, **gib}  # fmt: skip
+
+
+def test_rollout_layout_and_waves_come_from_the_compiler():
+    """Hand-worked: usable 95.74 x 0.9 = 86.166 GiB per chip, embedder 0.03 (the plan's), KV rows 1.75 GiB
+    (Qwen2.5-7B at 32k, /4 over a tensor split of 4) and 9 GiB (Qwen3-4B at 64k).
+
+    Actor at tensor 1: copy 21 - 4 x 1.75 = 14, working set 3; rollout beside the extractor update:
+    86.166 - 2 - 50 - 0.03 - 7.5 (the extractor's copy) = 26.636 free -> 5 rows per chip (5 > 4 compiled: 12.636 /
+    (1.75 + 3/4) = 5.05) x 32 = 160 -> 128 a wave (8 waves). At tensor 4: copy 10.5 - 16 x 0.4375 = 3.5, working set
+    1; 23.136 / (0.4375 + 1/16) = 46 rows per group x 8 groups = 368 -> 256 a wave (4 waves). Extractor at tensor
+    1 beside the actor update: 86.166 - 1 - 30 - 0.03 - 3.5 = 51.636 free, copy 7.5, working set 4: 44.136 / 13 = 3
+    rows per chip x 32 = 96 -> 64 a call (16 calls). Fewest waves: actor 4, extractor 1."""
+    rp = _rp()
+    _, plan = rp.mesh_overrides("v5p-64", "main", 1024)
+    assert plan["state_gib"]["embedder"] == 0.03 and plan["mesh"]["actor"] == {
+        "data": 1,
+        "fsdp": 32,
+        "tensor": 1,
+    }
+    upd = {"data": 1, "fsdp": 32, "tensor": 1}
+    lines = [
+        _line("actor_update", upd, {"micro_batch_rows": 32}, args_gib=2.0, peak_gib=30.0),
+        _line("extractor_update", upd, {"micro_batch_rows": 32}, args_gib=1.0, peak_gib=50.0),
+        _line("prefill", {"data": 32, "fsdp": 1, "tensor": 1}, {"rows": 128}, args_gib=21.0, temp_gib=3.0),
+        _line("decode", {"data": 32, "fsdp": 1, "tensor": 1}, {"rows": 128}, args_gib=21.0, temp_gib=0.5),
+        _line("prefill", {"data": 8, "fsdp": 1, "tensor": 4}, {"rows": 128}, args_gib=10.5, temp_gib=1.0),
+        _line("decode", {"data": 8, "fsdp": 1, "tensor": 4}, {"rows": 128}, args_gib=10.5, temp_gib=0.2),
+        _line("extractor_prefill", {"data": 32, "fsdp": 1, "tensor": 1}, {"rows": 32}, args_gib=16.5, temp_gib=4.0),
+        _line("extractor_decode", {"data": 32, "fsdp": 1, "tensor": 1}, {"rows": 32}, args_gib=16.5, temp_gib=0.3),
+    ]  # fmt: skip
+    got = rp.compiler_layout(plan, lines, 1024)
+    assert got["rollout_tensor"] == {"actor": 4, "extractor": 1}
+    assert (got["rows_per_wave"], got["rows_per_call"]) == (256, 64)
+    assert (got["rollout_waves"], got["distill_waves"]) == (4, 16)
+    assert got["free_gib"] == {"rollout": 26.64, "distill": 51.64} and got["sampler_copies_gib"] == 11.0
+    assert got["fits"] and got["mismatch"] == []
+    flags, _ = rp.mesh_overrides("v5p-64", "main", 1024, got)
+    assert flags[-4:] == [
+        "--config.actor.rollout_tensor=4", "--config.extractor.rollout_tensor=1",
+        "--config.rollout.rows_per_wave=256", "--config.extractor.rows_per_call=64",
+    ]  # fmt: skip
+    chosen = rp.chosen_figures(lines, got["rollout_tensor"])
+    assert chosen["prefill"]["mesh"]["tensor"] == 4 and chosen["extractor_decode"]["mesh"]["tensor"] == 1
+    # at tensor 1 alone the actor gets 128-row waves
+    only1 = rp.compiler_layout(plan, [ln for ln in lines if ln["mesh"]["tensor"] == 1], 1024)
+    assert (
+        only1["rollout_tensor"]["actor"] == 1
+        and only1["rows_per_wave"] == 128
+        and only1["rollout_waves"] == 8
+    )
+    # figures of another mesh describe another run
+    other = [{**lines[0], "mesh": {"data": 1, "fsdp": 16, "tensor": 2}}, *lines[1:]]
+    bad = rp.compiler_layout(plan, other, 1024)
+    assert not bad["fits"] and "actor_update compiled on" in bad["mismatch"][0]
+    # no extractor generation compiled: no layout from the compiler (the plan's stands)
+    assert rp.compiler_layout(plan, lines[:6], 1024) is None
+    # no room for one extractor row beside the actor update: does not fit
+    heavy = [{**lines[0], "peak_gib": 80.0}, *lines[1:]]
+    assert not rp.compiler_layout(plan, heavy, 1024)["fits"]
+
+
+def test_paper_runs_on_a_v5p_64_take_their_layout_from_the_compiler():
+    """launch/compile_plans.jsonl (2026-12-03) holds the v5p-64 main setting's updates and its samplers' prefill
+    and decode at rollout splits 1, 2 and 4. Beside the compiled updates (actor 30.9, extractor 51.1 GiB peaks),
+    both samplers' copies and the prefill's working set, the fewest waves come from the actor's sampler over 2
+    chips and the extractor's over 4: 128 rollout rows (one wave of minihack_room's 128) and 64 distillation rows
+    per call, where the analytic plan would have allowed 272 and 136."""
+    out = _cli("--table=single", "--launcher=tpu_pod", "--tpu_name=t", "--zone=z", "--seeds=0")
+    runs, _, _ = _runs(out.stdout)
+    room = next(
+        r for r in runs if r["config"] == "configs/minihack_room.py" and r["method"] == "complementary"
+    )
+    assert room["hardware"] == "v5p-64" and room["runnable"], room["note"]
+    lay = room["compiler"]["layout"]
+    assert lay["rollout_tensor"] == {"actor": 2, "extractor": 4} and lay["fits"]
+    assert (lay["rows_per_wave"], lay["rows_per_call"]) == (128, 64)
+    flags = room["overrides"]
+    assert "--config.actor.rollout_tensor=2" in flags and "--config.extractor.rollout_tensor=4" in flags
+    assert "--config.extractor.rows_per_call=64" in flags
+    assert not any(f.startswith("--config.rollout.rows_per_wave") for f in flags)  # 128 = the step's episodes
+    assert room["compiler"]["fits"] and not room["compiler"]["stale"]
