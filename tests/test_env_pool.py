@@ -332,3 +332,28 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_failed_launch_leaves_no_worker_traceback(tmp_path):
+    """``configs/alfworld.py:tiny`` with an empty data folder: train.py prints the missing-file error and exits; its
+    pool workers, whose parent is gone before they report ready, exit quietly. Before, each printed a 16-line
+    ``BrokenPipeError`` traceback from sending "ready" to the closed pipe."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "data").mkdir()
+    env = {**os.environ, "COMPRL_DATA": str(tmp_path / "data"), "COMPRL_CACHE": str(tmp_path / "cache")}
+    p = subprocess.run(
+        [
+            sys.executable,
+            "launch/train.py",
+            "--config=configs/alfworld.py:tiny",
+            f"--workdir={tmp_path / 'wd'}",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # returns once every holder of the stderr pipe (the workers too) has closed it
+    assert p.returncode != 0
+    assert "environment data file" in p.stderr and "is missing" in p.stderr, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr[-3000:]

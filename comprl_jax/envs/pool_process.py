@@ -30,7 +30,10 @@ def _child_main(conn, env_id: str, entry_point: str, kwargs_json: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which shuts us down cleanly
     kwargs = json.loads(kwargs_json)
     envs: dict[int, Any] = {}
-    conn.send_bytes(b'{"ready": true}')
+    try:
+        conn.send_bytes(b'{"ready": true}')
+    except OSError:  # BrokenPipeError: the parent stopped before we were up (e.g. on a missing data file)
+        return
     while True:
         try:
             msg = json.loads(conn.recv_bytes())
