@@ -58,13 +58,11 @@ import argparse
 import dataclasses
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import re
 import sys
 import time
-import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -482,12 +480,10 @@ def sampler_rows(c, args, role: RoleSetup, mesh) -> int:
 
 
 def prefill_groups(rows: int, width: int, multiple: int) -> int:
-    """``SamplerService.prefill_groups`` with the service's default ``prefill_tokens``."""
-    from comprl_jax.sampling import SamplerService
+    """The sampler's row groups (``sampling.prefill_groups`` at the service's default ``prefill_tokens``)."""
+    from comprl_jax import sampling
 
-    default = inspect.signature(SamplerService.__init__).parameters["prefill_tokens"].default
-    me = types.SimpleNamespace(prefill_tokens=default, _batch_multiple=multiple)
-    return SamplerService.prefill_groups(me, rows, width)
+    return sampling.prefill_groups(rows, width, sampling.PREFILL_TOKENS, multiple)
 
 
 def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):

@@ -87,3 +87,17 @@ def test_prefill_row_groups_same_results():
         for a, b in zip(out[0], out[budget], strict=True):
             np.testing.assert_array_equal(a.tokens, b.tokens)
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_prefill_groups_by_hand():
+    """Halve while a group holds more than the budget, keeping each group a multiple of the batch shards: the
+    rule the service and launch/compile_check.py share. 256 rows x 2,048 tokens over 32 shards at 16,384 tokens:
+    8 groups (32 rows each; 16 would no longer split over 32 shards) -- compile_plans.jsonl's v5p-64 prefill."""
+    from comprl_jax.sampling import PREFILL_TOKENS, prefill_groups
+
+    assert (
+        prefill_groups(8, 64, 256) == 2 and prefill_groups(8, 64, 64) == 8 and prefill_groups(8, 64, 0) == 1
+    )
+    assert prefill_groups(8, 64, 64, multiple=4) == 2  # 8 rows over 4 shards: groups of 4, never of 2
+    assert prefill_groups(256, 2048, PREFILL_TOKENS, 32) == 8
+    assert prefill_groups(7, 64, 64) == 1  # an odd batch does not split

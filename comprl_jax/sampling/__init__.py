@@ -111,6 +111,23 @@ def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
     return -(-b // multiple) * multiple
 
 
+PREFILL_TOKENS = 16384  # SamplerService's default prefill_tokens
+
+
+def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, multiple: int = 1) -> int:
+    """Row groups for a turn's input of ``rows x width`` tokens: halved while a group exceeds ``prefill_tokens``
+    (0 = one group) and each half still holds a multiple of ``multiple`` (the mesh's batch shards)."""
+    g = 1
+    while (
+        prefill_tokens
+        and (rows // g) * width > prefill_tokens
+        and rows % (2 * g) == 0
+        and (rows // (2 * g)) % multiple == 0
+    ):
+        g *= 2
+    return g
+
+
 def _model_fns():
     from comprl_jax.models import decoder  # lazy: keeps this module importable without the model layer
 
@@ -151,7 +168,7 @@ class SamplerService:
         extend_fn: Any = None,
         init_cache_fn: Any = None,
         wrap: Any = None,
-        prefill_tokens: int = 16384,
+        prefill_tokens: int = PREFILL_TOKENS,
     ):
         if extend_fn is None or init_cache_fn is None:
             default_extend, default_init = _model_fns()
@@ -263,17 +280,8 @@ class SamplerService:
         return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))
 
     def prefill_groups(self, rows: int, width: int) -> int:
-        """Row groups for a turn's input of ``rows x width`` tokens: halved while a group exceeds
-        ``prefill_tokens`` and each half still holds a multiple of the mesh's batch shards."""
-        g = 1
-        while (
-            self.prefill_tokens
-            and (rows // g) * width > self.prefill_tokens
-            and rows % (2 * g) == 0
-            and (rows // (2 * g)) % self._batch_multiple == 0
-        ):
-            g *= 2
-        return g
+        """Row groups for a turn's input of ``rows x width`` tokens (:func:`prefill_groups`)."""
+        return prefill_groups(rows, width, self.prefill_tokens, self._batch_multiple)
 
     def _mesh_ctx(self):
         # The model reads the ambient mesh (jax.set_mesh) to pin activations to the batch axes.
