@@ -487,21 +487,16 @@ def prefill_groups(rows: int, width: int, multiple: int) -> int:
 
 
 def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):
-    """The sampler's KV cache (``SamplerService._cache_maker``'s layout) as ShapeDtypeStructs."""
+    """The sampler's KV cache as ShapeDtypeStructs, laid out as ``SamplerService`` lays it out
+    (``sampling.cache_shardings``)."""
     import jax
 
-    from comprl_jax import sharding as shd
+    from comprl_jax import sampling
     from comprl_jax.models import decoder
 
     abstract = jax.eval_shape(lambda: decoder.init_cache(role.model, rows, slots))
-    kv_ok = role.model.num_kv_heads % mesh.shape.get("tensor", 1) == 0
-
-    def spec(x):
-        if x.ndim == 1:
-            return shd.named_sharding(mesh, ("batch",))
-        return shd.named_sharding(mesh, (None, "batch", None, "kv_heads" if kv_ok else None, None))
-
-    return jax.tree.map(lambda x: sds(x.shape, x.dtype, spec(x)), abstract)
+    shardings = sampling.cache_shardings(mesh, role.model, abstract)
+    return jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), abstract, shardings)
 
 
 def prefill_fn(c, args, role: RoleSetup) -> Lowerable:

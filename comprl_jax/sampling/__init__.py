@@ -111,6 +111,19 @@ def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
     return -(-b // multiple) * multiple
 
 
+def cache_shardings(mesh, cfg, cache):
+    """Shardings of a KV cache pytree (arrays or ShapeDtypeStructs) on ``mesh``: ``[L, B, S, Hkv, Dh]`` with rows
+    over the batch axes and KV heads over ``tensor`` when they divide; ``lengths [B]`` over the batch axes."""
+    kv_ok = getattr(cfg, "num_kv_heads", 0) % mesh.shape.get("tensor", 1) == 0
+
+    def spec(x):
+        if x.ndim == 1:  # lengths [B]
+            return shd.named_sharding(mesh, ("batch",))
+        return shd.named_sharding(mesh, (None, "batch", None, "kv_heads" if kv_ok else None, None))
+
+    return jax.tree.map(spec, cache)
+
+
 PREFILL_TOKENS = 16384  # SamplerService's default prefill_tokens
 
 
@@ -268,16 +281,7 @@ class SamplerService:
         if self.mesh is None:
             return jax.jit(make)
 
-        tensor = self.mesh.shape.get("tensor", 1)
-        kv_ok = getattr(self.cfg, "num_kv_heads", 0) % tensor == 0
-
-        def spec(x):
-            if x.ndim == 1:  # lengths [B]
-                return shd.named_sharding(self.mesh, ("batch",))
-            # [L, B, S, Hkv, Dh]: batch over the data axes, kv heads over tensor when they divide.
-            return shd.named_sharding(self.mesh, (None, "batch", None, "kv_heads" if kv_ok else None, None))
-
-        return jax.jit(make, out_shardings=jax.tree.map(spec, jax.eval_shape(make)))
+        return jax.jit(make, out_shardings=cache_shardings(self.mesh, self.cfg, jax.eval_shape(make)))
 
     def prefill_groups(self, rows: int, width: int) -> int:
         """Row groups for a turn's input of ``rows x width`` tokens (:func:`prefill_groups`)."""
