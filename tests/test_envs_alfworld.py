@@ -27,6 +27,36 @@ def test_split_sizes(root):
         alfworld_data.list_games(root, "test")
 
 
+def test_training_plays_the_released_codes_games(root, tmp_path, monkeypatch):
+    """``rl_train``: the 1,466 games of ComplementaryRL's alfworld/data/rl_train.jsonl (SPEC §10: 1,466 train), one
+    trial per task directory, all from ``train``; one of them (a BathtubBasin task) is in no split of the json_2.1.1
+    game release, so 1,465 play here. None is held out (valid_unseen / valid_seen)."""
+    from comprl_jax.envs import registry
+
+    listed = alfworld_data.RL_TRAIN_LIST.read_text().split()
+    assert len(listed) == len(set(listed)) == 1466 and alfworld_data.KNOWN_ABSENT <= set(listed)
+    games = alfworld_data.list_games(root, "rl_train")
+    assert len(games) == 1465 and set(games) <= set(alfworld_data.list_games(root, "train"))
+    assert len({g.parts[-3] for g in games}) == 1465  # one trial per task directory
+    types = {}
+    for g in games:
+        types[g.parts[-3].split("-")[0]] = types.get(g.parts[-3].split("-")[0], 0) + 1
+    assert types == {
+        "pick_two_obj_and_place": 354, "pick_and_place_simple": 322, "pick_clean_then_place_in_recep": 268,
+        "pick_cool_then_place_in_recep": 212, "pick_heat_then_place_in_recep": 186, "look_at_obj_in_light": 123,
+    }  # fmt: skip
+    key = lambda g: "/".join(g.parts[-3:-1])  # noqa: E731
+    held_out = {key(g) for s in ("valid_unseen", "valid_seen") for g in alfworld_data.list_games(root, s)}
+    assert not held_out & {key(g) for g in games}
+    assert registry.spec("comprl/ALFWorld-v0").train_split == "rl_train"
+    # a listed game that is not there is an error naming it, not a smaller split
+    bad = tmp_path / "list.txt"
+    bad.write_text("\n".join([*listed[:3], "pick_and_place_simple-Nothing-None-Nowhere-1/trial_T0"]))
+    monkeypatch.setitem(alfworld_data.DERIVED_SPLITS, "rl_train", ("train", bad))
+    with pytest.raises(FileNotFoundError, match="1 of the 4 ALFWorld games .*Nowhere-1"):
+        alfworld_data.list_games(root, "rl_train")
+
+
 def test_traj_data_rule_matches_all_valid_records(root):
     records = json.loads(data_paths.data_file("alfworld", "valid_traj_data_min.json").read_text())
     assert len(records) == 474

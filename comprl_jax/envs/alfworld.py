@@ -65,8 +65,8 @@ class ALFWorldEnv(TextEnv):
     """ALFWorld household tasks.
 
     Args:
-        split: "train" (3,553 games), "valid_seen" (140), "valid_unseen" (134, the paper's held-out set; alias
-            "eval"), "valid_train" (200).
+        split: "rl_train" (1,466 of the train games: the released code's training set), "train" (3,553 games),
+            "valid_seen" (140), "valid_unseen" (134, the paper's held-out set; alias "eval"), "valid_train" (200).
         max_turns: actions per episode before truncation (SPEC: 40).
         data_dir: a folder with ``alfworld/json_2.1.1_game.tw-pddl.tar.xz`` (offline copy) or an ALFWORLD_DATA-style
             root with ``json_2.1.1/``; default ``$ALFWORLD_DATA`` or the shared data (see ``alfworld_data``).

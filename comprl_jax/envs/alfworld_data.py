@@ -38,6 +38,15 @@ TASK_TYPES = (
     "pick_two_obj_and_place",
 )
 INDEX_NAME = "games_index.json"
+# The released code's training games (ComplementaryRL, roll/pipeline/agentic/env/alfworld/data/rl_train.jsonl:
+# 1,466 of the 3,553 train games, listed here by "<task dir>/<trial>", in the file's order), a split of its own.
+RL_TRAIN_LIST = Path(__file__).with_name("alfworld_rl_train.txt")
+DERIVED_SPLITS = {"rl_train": ("train", RL_TRAIN_LIST)}  # split -> (the split it selects from, the list)
+# Listed but in no split of the json_2.1.1 game release we play (no BathtubBasin task exists there): rl_train has
+# 1,465 games here.
+KNOWN_ABSENT = frozenset(
+    {"pick_clean_then_place_in_recep-Cloth-None-BathtubBasin-413/trial_T20190908_065418_661400"}
+)
 
 
 def traj_data_from_dirname(task_dir: str, trial: str) -> dict:
@@ -144,9 +153,25 @@ def resolve_root(data_dir: str | os.PathLike | None = None) -> Path:
 
 
 def list_games(root: Path, split: str) -> list[Path]:
-    """Absolute ``game.tw-pddl`` paths of ``split`` under ``root`` (sorted, so the order is the same everywhere)."""
+    """Absolute ``game.tw-pddl`` paths of ``split`` under ``root`` (sorted, so the order is the same everywhere).
+
+    ``rl_train`` (:data:`DERIVED_SPLITS`) is the train games the released code trains on; a listed game missing
+    from ``root`` (other than :data:`KNOWN_ABSENT`) raises, naming how many and the first few, rather than
+    shrinking the split silently.
+    """
+    if split in DERIVED_SPLITS:
+        base, list_path = DERIVED_SPLITS[split]
+        wanted = [ln.strip() for ln in list_path.read_text().splitlines() if ln.strip()]
+        by_key = {"/".join(g.parts[-3:-1]): g for g in list_games(root, base)}
+        missing = [k for k in wanted if k not in by_key and k not in KNOWN_ABSENT]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} of the {len(wanted)} ALFWorld games of split {split!r} ({list_path.name}) are not "
+                f"loadable {base!r} games under {str(root)!r}, e.g. {missing[:3]}"
+            )
+        return sorted(by_key[k] for k in wanted if k in by_key)
     if split not in SPLITS:
-        raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {SPLITS}")
+        raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {(*SPLITS, *DERIVED_SPLITS)}")
     index_path = root / INDEX_NAME
     if not index_path.is_file():
         digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
