@@ -67,10 +67,7 @@ def test_extractor_advantages_count_weights_and_actor_critic():
     # Eq. 7, δ = 1, α = 0.5: never trained -> 1; trained 3 times -> 1/2; trained last step (Δt = 0) -> 0.
     w = adv_lib.count_aware_weight([0, 3, 3], [10, 5, 0], alpha=0.5, cooldown=1)
     np.testing.assert_allclose(w, [1.0, 0.5, 0.0])
-    np.testing.assert_allclose(
-        adv_lib.extractor_rewards([1.0, -1.0], [0.5, 1.0], actor_critic=True), [1.5, 0.0]
-    )
-    np.testing.assert_allclose(adv_lib.extractor_rewards([1.0, -1.0], [0.5, 1.0]), [1.0, -1.0])
+    # the actor-critic reward s + r(m): test_method_fidelity.py::test_actor_critic_decisions_and_the_s_plus_r_reward
 
 
 def test_self_distillation_select():

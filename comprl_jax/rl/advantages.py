@@ -104,24 +104,6 @@ def self_distillation_select(rewards, subgroup, valid=None):
     return (sg == 1) & ok & (n_free > 0) & (r > free_mean)
 
 
-def extractor_rewards(outcome_mean, critic_score=None, actor_critic: bool = False):
-    """Reward of each extractor sample (one unique bank entry).
-
-    Args:
-      outcome_mean: ``[N]`` mean of r(m, τ) in {+1, -1} over the guided trajectories that used the entry.
-      critic_score: ``[N]`` actor-critic judgement s in {1, 0.5, 0} (:data:`CRITIC_SCORES`); used only when
-        ``actor_critic`` (SPEC §7, off by default).
-    Returns:
-      ``[N]`` float32: ``r`` or ``s + r``.
-    """
-    r = jnp.asarray(outcome_mean, jnp.float32)
-    if not actor_critic:
-        return r
-    if critic_score is None:
-        raise ValueError("extractor.actor_critic is on but no critic_score was given")
-    return r + jnp.asarray(critic_score, jnp.float32)
-
-
 def extractor_advantages(rewards):
     """SPEC §3: batch-mean baseline, no std: ``A_i = r_i - mean_j r_j``.
 
