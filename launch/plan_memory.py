@@ -244,6 +244,7 @@ def rollout_tensors(cfg, devices: int) -> list[int]:
     return [t for t in ROLLOUT_TENSORS if devices % t == 0 and cfg.num_kv_heads % t == 0]
 
 
+@functools.lru_cache(maxsize=64)  # paper plans ask for the same copies once per update split they try
 def sampler_copy_bytes(config: str, devices: int, tensor: int) -> int:
     """Per-device bytes of the sampler's bf16 weight copy on its ``(data = devices / tensor, 1, tensor)`` decode
     mesh (``sampling/layout.py``: the logical rules on that mesh)."""
@@ -309,9 +310,8 @@ def paper_plan(
             else:
                 peak = max(a_res + c_a + a_up, e_res + c_e + e_up)
                 free_rollout, free_distill = usable - a_res - c_a, usable - e_res - c_e
-            a_row = kv_bytes_per_row(
-                actor_cfg, PAPER["actor_seq"], rt_a
-            )  # one row's cache on each of its devices
+            # one row's cache on each of its devices
+            a_row = kv_bytes_per_row(actor_cfg, PAPER["actor_seq"], rt_a)
             e_row = kv_bytes_per_row(ext_cfg, PAPER["extractor_seq"], rt_e)
             rollout = max(int(free_rollout // a_row), 0) * (actor_n // rt_a)
             distill = max(int(free_distill // e_row), 0) * (ext_n // rt_e)

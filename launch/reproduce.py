@@ -147,13 +147,13 @@ def _plan_memory():
 
 
 def mesh_overrides(
-    hardware: str, study: str, episodes: int, layout: dict | None = None
+    hardware: str, study: str, episodes: int, layout: dict | None = None, plan: dict | None = None
 ) -> tuple[list[str], dict]:
     """``--config.*`` flags that put a paper-scale run on the memory plan of ``hardware`` (co-located), and the
     plan. ``episodes``: the step's trajectories (``rows_per_wave`` must divide it). ``layout``: the TPU compiler's
-    (:func:`compiler_layout`), whose rollout tensor splits and wave sizes replace the plan's."""
-    pm = _plan_memory()
-    p = pm.best_paper_plan(hardware, "colocated", study=study)
+    (:func:`compiler_layout`), whose rollout tensor splits and wave sizes replace the plan's. ``plan``: that
+    plan when the caller has it already (``best_paper_plan`` searches every split)."""
+    p = plan or _plan_memory().best_paper_plan(hardware, "colocated", study=study)
     a, e = p["mesh"]["actor"], p["mesh"]["extractor"]
     out = ["--config.mesh.data=1", "--config.mesh.fsdp=-1"]
     if a["tensor"] > 1:
@@ -170,10 +170,8 @@ def mesh_overrides(
         if 0 < layout["rows_per_call"] < episodes:
             out.append(f"--config.extractor.rows_per_call={layout['rows_per_call']}")
         return out, p
-    for role in (
-        "actor",
-        "extractor",
-    ):  # the plan's sampler layouts (the library's automatic split may differ)
+    # the plan's sampler layouts (the library's automatic split may differ)
+    for role in ("actor", "extractor"):
         out.append(f"--config.{role}.rollout_tensor={p['rollout_tensor'][role]}")
     # the rows that fit, as the sampler will bucket them (a power of two, a multiple of its data groups)
     groups = {r: p["mesh"][r]["fsdp"] * p["mesh"][r]["tensor"] // p["rollout_tensor"][r] for r in p["mesh"]}
@@ -215,11 +213,16 @@ def compiler_figures(hardware: str, study: str, path: str = COMPILE_PLANS) -> di
     return {d["function"]: d for d in compiler_lines(hardware, study, path)}
 
 
+def _role_of(function: str) -> str:
+    """The role a compile_check function belongs to (``extractor_*``: the extractor; else the actor)."""
+    return "extractor" if function.startswith("extractor_") else "actor"
+
+
 def stale_reason(plan: dict, line: dict, rollout_tensor: dict) -> str | None:
     """Why a compile line does not describe the run (another update mesh or micro-batch, another rollout tensor
     split), or None. ``rollout_tensor``: ``{role: split}`` the run uses."""
     fn = line["function"]
-    role = "extractor" if fn.startswith("extractor_") else "actor"
+    role = _role_of(fn)
     if fn.endswith("_update"):
         m = plan["mesh"][role]
         want = {"data": 1, "fsdp": m["fsdp"], "tensor": m["tensor"]}
@@ -267,7 +270,7 @@ def chosen_figures(lines: list[dict], rollout_tensor: dict) -> dict[str, dict]:
     split (``{role: split}``) when one was compiled."""
     out = {}
     for d in lines:
-        role = "extractor" if d["function"].startswith("extractor_") else "actor"
+        role = _role_of(d["function"])
         if d["function"] in out and not d["function"].endswith("_update"):
             if (
                 d["mesh"]["tensor"] != rollout_tensor[role]
@@ -466,24 +469,25 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
             episodes = tasks * c.rollout.group_size * len(c.env.tasks)
             study = "capacity" if name == "extractor_capacity" else "main"
             hw = run_hardware(opts["hardware"], opts["launcher"], study)
+            # the same for every seed: the plan's meshes, the compiler's layout and verdict
+            mesh, fits, plan, compiler = [], True, None, None
+            if hw != "none":
+                plan = _plan_memory().best_paper_plan(hw, "colocated", study=study)
+                lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
+                layout = compiler_layout(plan, lines, episodes) if lines else None
+                mesh, _ = mesh_overrides(hw, study, episodes, layout, plan)
+                fits = plan["fits"]
+                if lines:  # the TPU compiler's word on the same functions overrides the plan's
+                    compiler = compiler_check(
+                        plan, chosen_figures(lines, (layout or plan)["rollout_tensor"]), layout
+                    )
+                    compiler["layout"] = layout
+                    fits = fits and compiler["fits"] and (layout is None or layout["fits"])
             for seed in opts["seeds"]:
                 args = [f"--config.seed={int(seed)}"]
-                fits, plan, compiler = True, None, None
                 if opts["tasks_per_step"]:
                     args.append(f"--config.rollout.tasks_per_step={tasks}")
-                if hw != "none":
-                    _, plan = mesh_overrides(hw, study, episodes)
-                    lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
-                    layout = compiler_layout(plan, lines, episodes) if lines else None
-                    mesh, plan = mesh_overrides(hw, study, episodes, layout)
-                    args += mesh
-                    fits = plan["fits"]
-                    if lines:  # the TPU compiler's word on the same functions overrides the plan's
-                        compiler = compiler_check(
-                            plan, chosen_figures(lines, (layout or plan)["rollout_tensor"]), layout
-                        )
-                        compiler["layout"] = layout
-                        fits = fits and compiler["fits"] and (layout is None or layout["fits"])
+                args += mesh
                 if opts["models_dir"] and scale == "paper":
                     args.append(f"--config.actor.model={_model_dir(opts['models_dir'], c.actor.model)}")
                     if c.experience.enabled:

@@ -64,23 +64,23 @@ def _run(args, timeout=600):
     return p, lines
 
 
+def _model_file(tmp_path_factory, name: str, **dims) -> str:
+    """Qwen2.5-7B's config.json with ``dims`` replaced, written to a temporary file."""
+    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
+        d = json.load(f)
+    d.update(dims)
+    path = tmp_path_factory.mktemp("compile_check") / f"{name}.json"
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """Qwen2.5's config.json with two layers of width 64 (GQA 4 / 2 heads), vocabulary 512."""
-    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
-        d = json.load(f)
-    d.update(
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
-        max_window_layers=2,
-        vocab_size=512,
-    )
-    path = tmp_path_factory.mktemp("compile_check") / "tiny.json"
-    path.write_text(json.dumps(d))
-    return str(path)
+    return _model_file(
+        tmp_path_factory, "tiny", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=2, max_window_layers=2, vocab_size=512,
+    )  # fmt: skip
 
 
 def _small(model):
@@ -122,20 +122,10 @@ def test_four_functions_fit_on_a_v5p_2x2x1(tiny_model):
 @pytest.fixture(scope="module")
 def kv_model(tmp_path_factory):
     """Four layers with a TPU-shaped KV cache: 4 KV heads of 128 (a [.., 4, 128] tile, as Qwen2.5-7B's)."""
-    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
-        d = json.load(f)
-    d.update(
-        hidden_size=512,
-        intermediate_size=512,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        num_hidden_layers=4,
-        max_window_layers=4,
-        vocab_size=512,
-    )
-    path = tmp_path_factory.mktemp("compile_check_kv") / "kv.json"
-    path.write_text(json.dumps(d))
-    return str(path)
+    return _model_file(
+        tmp_path_factory, "kv", hidden_size=512, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=4, num_hidden_layers=4, max_window_layers=4, vocab_size=512,
+    )  # fmt: skip
 
 
 def test_decode_updates_the_cache_in_place(kv_model):
