@@ -184,9 +184,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.loss.clip_eps = 0.1  # epsilon of the stop-gradient IS-weight clip clip(rho, 1 - eps, 1 + eps)
     c.extractor.loss.loss_agg = "token_mean"  # or "seq_mean_token_mean"
     c.extractor.buffer_size = 64
-    c.extractor.cooldown = 1  # Eq. 7 delta, in extractor updates (1 = never twice in one update)
+    c.extractor.cooldown = (
+        1  # Eq. 7 delta, in trainer steps (1 = never twice in one step; the released code's)
+    )
     c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
-    # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in extractor updates; 0 = off.
+    # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in trainer steps; 0 = off.
     c.extractor.recency_tau = 2.0
     c.extractor.distill_from = "all"
     c.extractor.micro_batch = 8
@@ -221,6 +223,9 @@ def base_config() -> ml_collections.ConfigDict:
     # train.steps; the bank is then merged once and fixed (no distillation or merge during training).
     c.bank.offline = False
     c.bank.offline_build_steps = 5
+    # ... and then deduplicated (SPEC §8): an entry with key cosine >= this to an older one of its partition goes
+    # (0 = no pass; the paper gives no value, 0.95 is ours).
+    c.bank.offline_dedup = 0.95
 
     c.retrieval = ml_collections.ConfigDict()
     c.retrieval.k = 1
@@ -252,6 +257,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Held-out evaluation every N steps too (eval/* in the metrics row); 0 = only at the end
     c.train.eval_every = 0
     c.train.eval_tasks = 128  # held-out tasks per env (and split); each played group_size/2 times
+    # Split envs (ALFWorld, WebShop) play their whole held-out split (134 / 140 games, 500 goals), the paper's
+    # figures; False: min(eval_tasks, split size).
+    c.train.eval_full_splits = True
     # Write a metrics row (and fetch device metrics) every N steps; the last step always
     c.train.log_every = 1
 
@@ -361,10 +369,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     )
     _check(c.actor.updates_per_batch >= 1, "actor.updates_per_batch", "must be >= 1")
     _check(c.actor.self_distill_coef >= 0, "actor.self_distill_coef", "must be >= 0 (0 = off)")
-    _check(c.extractor.cooldown >= 0, "extractor.cooldown", "must be >= 0 (extractor updates)")
+    _check(c.extractor.cooldown >= 0, "extractor.cooldown", "must be >= 0 (trainer steps)")
     _check(c.extractor.alpha >= 0, "extractor.alpha", "must be >= 0")
     _check(c.extractor.recency_tau >= 0, "extractor.recency_tau", "must be >= 0 (0 = no recency factor)")
     _check(c.bank.offline_build_steps >= 1, "bank.offline_build_steps", "must be >= 1")
+    _check(0 <= c.bank.offline_dedup <= 1, "bank.offline_dedup", "must be in [0, 1] (0 = no dedup pass)")
     _check(c.retrieval.search_and_ask_max >= 0, "retrieval.search_and_ask_max", "must be >= 0")
     _check(c.retrieval.window_steps >= 0, "retrieval.window_steps", "must be >= 0")
     _check(c.manager.embed_workers >= 1, "manager.embed_workers", "must be >= 1")
@@ -501,6 +510,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.env.workers = 2
         c.train.steps = 30
         c.train.eval_tasks = 8
+        c.train.eval_full_splits = False
         c.checkpoint.every = 5
         c.bank.offline_build_steps = 1
         c.manager.search_workers = 2
@@ -582,6 +592,9 @@ ADDED_KEYS = {
     "extractor.param_dtype": "float32",
     "extractor.dtype": "float32",
     "extractor.rollout_tensor": 0,
+    # runs before issue 28: evaluation played min(eval_tasks, ...) tasks, the offline bank was not deduplicated
+    "train.eval_full_splits": False,
+    "bank.offline_dedup": 0.0,
 }
 
 

@@ -5,18 +5,23 @@ Which tasks are held out is a property of each env (:mod:`comprl_jax.envs.regist
 * split envs (ALFWorld, WebShop) play their held-out splits through pools built with ``split=``: ALFWorld
   ``valid_unseen`` (the paper's 134 games; label = the env id) and ``valid_seen`` (label ``<env id>@valid_seen``),
   WebShop's 500 ``eval`` goals. Task ``i`` is seed ``i``, i.e. the first ``n`` games / goals of the split's fixed
-  order, all distinct.
+  order, all distinct: the whole split with ``train.eval_full_splits`` (the paper's figures; the registry knows
+  each split's size), else ``min(train.eval_tasks, size)``.
 * seeded envs play seeds from the evaluation range ``[2^30, 2^31)``, disjoint from every training seed;
 * a fixed-level env (MiniHack Room-5x5) has no held-out task: it is evaluated on its one level and the split says
   so.
 
 Each task is played ``group_size / 2`` times, all with retrieved experience (``with_exp``) or all without
-(``without_exp``), sampled with the training sampling settings. Evaluation changes nothing in the run: retrieval
-is read-only, search & ask answers are not training samples, and its PRNG keys are its own.
+(``without_exp``), sampled with the training sampling settings (the paper's: SPEC §9's actor T 0.99, top-p 0.99,
+top-k 100). Evaluation changes nothing in the run: retrieval is read-only, search & ask answers are not training
+samples, and its PRNG keys are its own.
 
-A result row: ``{"env_id", "split", "success", "episodes", "infra_failed", "mean_reward"}``; ``success`` and
-``mean_reward`` are over the ``episodes`` that did not fail for infrastructure reasons (``infra_failed`` of them
-did: an env raised, hung or its worker died).
+A result row: ``{"env_id", "split", "tasks", "success", "episodes", "infra_failed", "mean_reward", "score",
+"actions"}``; ``tasks`` distinct held-out tasks were played; ``success`` (binary), ``mean_reward`` (the RL outcome:
+1 or the env's failure reward), ``score`` (the env's own episode reward: WebShop's graded attribute / option /
+price match, SPEC §10; elsewhere the success reward) and ``actions`` (env actions per episode, SPEC §8; search & ask
+turns are not actions) are over the ``episodes`` that did not fail for infrastructure reasons (``infra_failed`` of
+them did: an env raised, hung or its worker died).
 """
 
 from __future__ import annotations
@@ -50,9 +55,15 @@ def label(env_id: str, split: str | None, requested: str = "eval") -> str:
     return env_id if split == primary else f"{env_id}@{split}"
 
 
-def eval_tasks(env_id: str, index: int, split: str | None, n: int, seed: int) -> list[Task]:
-    """``n`` held-out tasks of ``env_id`` on ``split`` (``index``: its position in the mixture)."""
+def eval_tasks(
+    env_id: str, index: int, split: str | None, n: int, seed: int, full: bool = False
+) -> list[Task]:
+    """``n`` held-out tasks of ``env_id`` on ``split`` (``index``: its position in the mixture); a split env plays
+    each task at most once (``full``: all of them, whatever ``n``)."""
     if split is not None:
+        size = registry.eval_size(env_id, split)
+        if size is not None:
+            n = size if full else min(n, size)
         return [Task(env_id, i, index) for i in range(n)]
     sampler = TaskSampler((env_id,), n, seed)
     return [Task(env_id, t.seed, index) for t in sampler.eval_tasks(n)]
@@ -68,7 +79,7 @@ def evaluate(trainer: Any, n_per_task: int, with_experience: bool) -> dict[str, 
     for index, env_id in enumerate(c.env.tasks):
         for split in splits_of(env_id, c.env.eval_split):
             pools = trainer.eval_pools(split)
-            tasks = eval_tasks(env_id, index, split, n_per_task, c.seed)
+            tasks = eval_tasks(env_id, index, split, n_per_task, c.seed, c.train.eval_full_splits)
             trajs = []
             for i in range(0, len(tasks), per_call):
                 key, sub = jax.random.split(key)
@@ -79,9 +90,16 @@ def evaluate(trainer: Any, n_per_task: int, with_experience: bool) -> dict[str, 
             out[label(env_id, split, c.env.eval_split)] = {
                 "env_id": env_id,
                 "split": split_name(env_id, split),
-                "success": float(np.mean([t.success for t in ok])) if ok else float("nan"),
+                "tasks": len(tasks),
+                "success": _mean([t.success for t in ok]),
                 "episodes": len(ok),
                 "infra_failed": len(trajs) - len(ok),
-                "mean_reward": float(np.mean([outcome(t) for t in ok])) if ok else float("nan"),
+                "mean_reward": _mean([outcome(t) for t in ok]),
+                "score": _mean([t.reward for t in ok]),
+                "actions": _mean([t.turns for t in ok]),
             }
     return out
+
+
+def _mean(xs) -> float:
+    return float(np.mean(xs)) if len(xs) else float("nan")

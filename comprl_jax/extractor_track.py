@@ -45,6 +45,7 @@ from comprl_jax.experience import (
     RetrievalConfig,
 )
 from comprl_jax.experience.sample import Generation
+from comprl_jax.rl.advantages import CRITIC_SCORES
 from comprl_jax.rollout import Trajectory
 
 _WORD = r"[a-z][a-z ,]{0,%d}"
@@ -203,18 +204,23 @@ class ExtractorTrack:
     # -- per-step bookkeeping ------------------------------------------------------------------------
     def record_outcomes(self, trajs: Sequence[Trajectory]) -> None:
         """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used (plus the actor-critic score s when
-        it judged the entry, SPEC §7), and to each search & ask refinement it received (that call is an extractor
+        it judged the entry, SPEC §7; a rejected entry did not guide the episode and gets s = 0 alone), and to each search & ask refinement it received (that call is an extractor
         training sample too). Episodes that failed for infrastructure reasons say nothing and are skipped."""
         for t in trajs:
             if t.infra_failed:
                 continue
             if t.spec.guided and t.spec.entry_uids:
-                self.mgr.record_outcome(t.spec.entry_uids, t.success, t.spec.critic_score or 0.0)
+                s = t.spec.critic_score
+                rejected = (
+                    s is not None and s == CRITIC_SCORES["reject"]
+                )  # m dropped: the episode ran without it
+                self.mgr.record_outcome(t.spec.entry_uids, t.success, s or 0.0, guided=not rejected)
             for key in t.ask_keys:
                 self.mgr.record_refine_outcome(key, t.success)
 
-    def distill_async(self, trajs: Sequence[Trajectory], step: int) -> cf.Future:
-        """Distils this step's finished episodes (``extractor.distill_from``; never infra-failed ones)."""
+    def distill_async(self, trajs: Sequence[Trajectory], step: int, every: bool = False) -> cf.Future:
+        """Distils this step's finished episodes (``extractor.distill_from``, or all with ``every``, e.g. the
+        offline build's free rollouts; never infra-failed ones)."""
         reqs = [
             DistillRequest(
                 task_id=t.spec.task.env_id,
@@ -226,7 +232,7 @@ class ExtractorTrack:
                 step=step,
             )
             for t in trajs
-            if (self.c.extractor.distill_from == "all" or t.spec.guided) and not t.infra_failed
+            if (every or self.c.extractor.distill_from == "all" or t.spec.guided) and not t.infra_failed
         ]
         if self.inline:
             fut: cf.Future = cf.Future()
@@ -237,14 +243,14 @@ class ExtractorTrack:
     def merge(self, step: int) -> dict:
         return self.mgr.merge(step)
 
-    def pop_batch(self):
-        """The next full buffer batch for the next extractor update (``self.version``), or None."""
-        return self.mgr.pop_extractor_batch(self.version)
+    def pop_batch(self, step: int):
+        """The next full buffer batch for an extractor update in trainer step ``step`` (Eq. 7's t), or None."""
+        return self.mgr.pop_extractor_batch(step)
 
-    def mark_trained(self, batch) -> None:
-        """The update on ``batch`` is dispatched: its entries' c_train / t_last advance and later generations
-        come from the new weights (``version`` + 1)."""
-        self.mgr.mark_trained(batch, self.version)
+    def mark_trained(self, batch, step: int) -> None:
+        """The update on ``batch`` in trainer step ``step`` is dispatched: its samples' c_train / t_last advance
+        and later generations come from the new weights (``version`` + 1)."""
+        self.mgr.mark_trained(batch, step)
         self.version += 1
 
     def stats(self) -> dict[str, float]:

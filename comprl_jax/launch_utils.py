@@ -35,7 +35,13 @@ RUN_EXIT = 1  # a failure while running
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 # Keys that may change when a run resumes without --allow_config_change: they do not change what is trained.
-RESUME_FREE_KEYS = ("train.steps", "train.eval_tasks", "train.eval_every", "train.log_every")
+RESUME_FREE_KEYS = (
+    "train.steps",
+    "train.eval_tasks",
+    "train.eval_full_splits",
+    "train.eval_every",
+    "train.log_every",
+)
 
 
 class LaunchError(Exception):

@@ -45,6 +45,7 @@ from comprl_jax.sampling.layout import RefreshTimer, RolloutLayout, rollout_layo
 BEHAVIOUR = update_lib.BEHAVIOUR  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
 BEHAVIOUR_MASK = update_lib.BEHAVIOUR_MASK  # [R, T] float32, 1 where BEHAVIOUR is known and trained on
 USE_BEHAVIOUR = "use_behaviour"  # [R] bool, rows whose old_logprobs are the behaviour ones (extractor)
+SAMPLED_BY = "sampled_by"  # int: the role's weights version that sampled the batch (Role.version)
 
 
 def sampling_params(s) -> SamplingParams:
@@ -74,13 +75,16 @@ class Role:
         None  # the sampler's weight copy (sampling.layout); its mesh is sampler.mesh
     )
     refresh: RefreshTimer | None = None  # the last refresh of that copy (seconds: metric rollout_refresh_s)
+    version: int = (
+        0  # optimizer batches applied since the role was built (the sampler's copy is refreshed after each)
+    )
 
     def refresh_sampler(self, updated) -> None:
         """Gives the sampler a fresh copy of the trained weights (cast and laid out for decoding); ``updated``:
         outputs of the update that produced them (timing starts when they are ready)."""
         copy = self.layout.refresh(self.state.params)
         self.sampler.update_params(copy)
-        self.refresh = RefreshTimer(updated, copy)
+        self.refresh = RefreshTimer(updated, copy, no_copy=self.layout.same)
 
     def refresh_seconds(self) -> float | None:
         """Device seconds of the last refresh (waits for it); None before any update."""
@@ -176,7 +180,8 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
 
     ``old_logprobs`` of every mini-batch are computed with the pre-update weights before the first step; rows
     flagged in ``batch[USE_BEHAVIOUR]`` use ``batch[BEHAVIOUR]`` instead (the extractor's stale samples). The
-    behaviour keys are optional and never reach the loss. The sampler gets a fresh copy of the new weights at the
+    behaviour keys are optional and never reach the loss. ``batch[SAMPLED_BY]`` (the :attr:`Role.version` whose
+    sampler produced the batch) is required for the one-step shortcut, which takes pi_old from the current weights. The sampler gets a fresh copy of the new weights at the
     end (:meth:`Role.refresh_sampler`; its device time is :meth:`Role.refresh_seconds`).
 
     Returns the metrics as device arrays (mean over mini-batches; ``*_max`` the max; ``step`` the last), plus
@@ -191,12 +196,23 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
     if total % role.rows:
         raise ValueError(f"{role.name} batch of {total} rows is not a multiple of its step size {role.rows}")
     n = total // role.rows
+    sampled_by = host.pop(SAMPLED_BY, None)
     if n == 1 and use is None:
         # One optimizer step on fresh samples: pi_old is the current weights, and the update takes it from its
-        # own forward pass (rl.update.loss_and_metrics) instead of a separate pass over the batch.
+        # own forward pass (rl.update.loss_and_metrics) instead of a separate pass over the batch. Only true if the
+        # current weights sampled the batch: a batch from older weights (an asynchronous actor) would silently
+        # lose its importance correction, so it must say which weights sampled it.
+        if sampled_by is None or int(sampled_by) != role.version:
+            raise ValueError(
+                f"{role.name} batch sampled by weights version {sampled_by} but the {role.name} is at version "
+                f"{role.version}: one optimizer step takes pi_old from the current weights, which is only right "
+                f"for samples of these weights; pass {SAMPLED_BY}={role.version} for fresh samples, or the "
+                f"behaviour logprobs with {USE_BEHAVIOUR} for older ones"
+            )
         if behaviour is not None:
             host.update({BEHAVIOUR: behaviour, BEHAVIOUR_MASK: bmask})
         role.state, m = role.update(role.state, _put(role, host))
+        role.version += 1
         role.refresh_sampler(m)
         return _combine([m], [])
     parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
@@ -213,6 +229,7 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
         d["old_logprobs"] = o
         role.state, m = role.update(role.state, d)
         steps.append(m)
+    role.version += 1
     role.refresh_sampler(steps[-1])
     return _combine(steps, gaps)
 

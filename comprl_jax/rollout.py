@@ -81,6 +81,8 @@ class Trajectory:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     infra_failed: bool = False
     asks: int = 0  # search & ask calls made
+    # [start, end) spans of ``tokens`` holding each search & ask exchange (question turn + tool answer)
+    ask_spans: list = dataclasses.field(default_factory=list)
 
     def transcript_text(self, max_chars: int) -> str:
         """``Observation: .. / Action: ..`` lines, keeping the *end* of long episodes (where the outcome is)."""
@@ -197,6 +199,9 @@ class _Episode:
     invalid: int = 0
     context_full: bool = False
     asked: list = dataclasses.field(default_factory=list)  # search & ask sample keys (None: no sample)
+    # [start, end) token spans of each search & ask exchange: the question turn and the tool's answer up to the next
+    # reply (self-distillation strips them, SPEC §7)
+    ask_spans: list = dataclasses.field(default_factory=list)
 
     def record(self, reply: str) -> None:
         """Transcript line of this turn; after a tool answer the reply belongs to that answer's line."""
@@ -242,6 +247,7 @@ class _Episode:
             logprobs=logprobs,
             infra_failed=self.infra,
             asks=len(self.asked),
+            ask_spans=[(a, min(b, len(ids))) for a, b in self.ask_spans],
         )
 
 
@@ -276,6 +282,27 @@ def _next_input(context: list[int], message: dict, tokenizer, im_end: int | None
     close = im_end is not None and (not context or context[-1] != im_end)
     cont, _ = tokenizer.encode_chat_continuation([message], add_generation_prompt=True)
     return ([im_end] if close else []) + cont
+
+
+def ask_situation(e: _Episode) -> str:
+    """What search & ask's refinement call sees of the asking episode: its goal (ALFWorld's and WebShop's goal is
+    only in the first observation) and the current observation."""
+    goal = str(e.info0.get("goal", "")).strip()
+    return f"Goal: {goal}\nCurrent observation: {e.obs}" if goal else e.obs
+
+
+def answer_ask(
+    e: _Episode, reply: str, answer: str | None, sample_key, ids: list[int], reply_len: int, tokenizer, im_end
+):
+    """One search & ask tool turn (both engines): ``reply`` (its ``reply_len`` sampled ids end ``ids``, the
+    context so far) asked a question; ``answer`` (None: unparsable) comes back as a tool message, the next input.
+    The exchange's token span is recorded for self-distillation's stripping."""
+    text = answer if answer is not None else "[No answer]"
+    e.asked.append(sample_key)
+    e.record(reply)
+    e.transcript.append((f"[search & ask answer] {text}", ""))  # reply: the next turn's
+    e.pending = _next_input(ids, {"role": "tool", "content": text}, tokenizer, im_end)
+    e.ask_spans.append((len(ids) - reply_len, len(ids) + len(e.pending)))
 
 
 def run_episodes(
@@ -341,6 +368,7 @@ def run_episodes(
         t0 = time.perf_counter()
         # One jitted call per (env id, may ask) group present (constraints differ); usually a single call.
         replies: list[str] = [""] * B
+        reply_len = [0] * B
         groups = sorted({(e.spec.task.env_id, can_ask(e)) for e in eps if e.live})
         for env_id, asking in groups:
             rows = [
@@ -353,6 +381,7 @@ def run_episodes(
             for b, r in enumerate(rows):
                 if r is not None:
                     replies_so_far[b] += 1
+                    reply_len[b] = int(res.lengths[b])
                     replies[b] = tokenizer.decode(
                         res.tokens[b, : int(res.lengths[b])].tolist(), skip_special=True
                     )
@@ -365,13 +394,11 @@ def run_episodes(
                 questions[b] = q.group(1).strip()
         answered: set[int] = set()
         if questions:
-            got = ask([(q, eps[b].obs, eps[b].spec.task.env_id) for b, q in questions.items()])
+            got = ask([(q, ask_situation(eps[b]), eps[b].spec.task.env_id) for b, q in questions.items()])
             for b, (answer, sample_key) in zip(questions, got, strict=True):
-                e, text = eps[b], answer if answer is not None else "[No answer]"
-                e.asked.append(sample_key)
-                e.record(replies[b])
-                e.transcript.append((f"[search & ask answer] {text}", ""))  # reply: the next turn's
-                e.pending = _next_input(conv.ids[b], {"role": "tool", "content": text}, tokenizer, im_end)
+                answer_ask(
+                    eps[b], replies[b], answer, sample_key, conv.ids[b], reply_len[b], tokenizer, im_end
+                )
                 answered.add(b)
         futs = {
             b: pools.pools[e.spec.task.env_id].submit_step(slot_of[b], replies[b])

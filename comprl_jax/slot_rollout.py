@@ -48,6 +48,8 @@ from comprl_jax.rollout import (
     _Episode,
     _next_input,
     _slots,
+    answer_ask,
+    ask_situation,
     search_ask_prompt,
     start_episodes,
 )
@@ -177,13 +179,10 @@ def run_episodes_continuous(
         out: dict[int, Any] = {}
         if questions:
             # Answered by the extractor as tool turns (no env step), in one batch per chunk.
-            got = ask([(q, eps[b].obs, eps[b].spec.task.env_id) for b, q in questions.items()])
+            got = ask([(q, ask_situation(eps[b]), eps[b].spec.task.env_id) for b, q in questions.items()])
             for b, (answer, sample_key) in zip(questions, got, strict=True):
-                e, text = eps[b], answer if answer is not None else "[No answer]"
-                e.asked.append(sample_key)
-                e.record(replies.pop(b))
-                e.transcript.append((f"[search & ask answer] {text}", ""))  # reply: the next turn's
-                e.pending = _next_input(ctx[b].ids, {"role": "tool", "content": text}, tokenizer, im_end)
+                n = len(dict(finished)[b].tokens)
+                answer_ask(eps[b], replies.pop(b), answer, sample_key, ctx[b].ids, n, tokenizer, im_end)
                 out[b] = None
         for b, _ in finished:
             if b not in questions:

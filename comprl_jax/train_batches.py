@@ -20,7 +20,7 @@ import numpy as np
 from comprl_jax import batching
 from comprl_jax.experience.sample import decode_record
 from comprl_jax.rl import extractor_advantages
-from comprl_jax.roles import BEHAVIOUR_MASK, USE_BEHAVIOUR
+from comprl_jax.roles import BEHAVIOUR_MASK, SAMPLED_BY, USE_BEHAVIOUR
 from comprl_jax.rollout import Trajectory, system_message
 
 
@@ -32,15 +32,24 @@ def shift_free(mask: Sequence[int]) -> list[int]:
 def strip_experience(
     traj: Trajectory, tokenizer, base_prompt: str, tool: str = ""
 ) -> tuple[list[int], list[int]] | None:
-    """``traj``'s ids and assistant mask with the experience block taken out of the system message (the turns
-    after it are kept id for id). None when the rendered system message is not a prefix of the ids."""
+    """``traj``'s ids and assistant mask with all experience taken out (SPEC §7 self-distillation): the experience
+    block and the search & ask tool description (``tool``, as the episode's system message had it) leave the system
+    message, and every search & ask exchange (the question turn and the extractor's answer, up to the next reply)
+    leaves the turns; the other turns are kept id for id. None when the rendered system message is not a prefix of
+    the ids."""
     with_exp = system_message(base_prompt, traj.spec.experience, tool)
-    plain = system_message(base_prompt, "", tool)
+    plain = system_message(base_prompt, "", "")
     head, _ = tokenizer.apply_chat_template([{"role": "system", "content": with_exp}])
     new, _ = tokenizer.apply_chat_template([{"role": "system", "content": plain}])
     if traj.tokens[: len(head)] != head:
         return None
-    return new + traj.tokens[len(head) :], [0] * len(new) + traj.loss_mask[len(head) :]
+    keep = np.ones(len(traj.tokens), bool)
+    keep[: len(head)] = False
+    for a, b in traj.ask_spans:
+        keep[a:b] = False
+    ids = [t for t, k in zip(traj.tokens, keep, strict=True) if k]
+    mask = [m for m, k in zip(traj.loss_mask, keep, strict=True) if k]
+    return new + ids, [0] * len(new) + mask
 
 
 def actor_batch(
@@ -50,6 +59,7 @@ def actor_batch(
     pad_id: int,
     sft: Sequence[tuple[list[int], list[int]]] = (),
     sft_slots: int = 0,
+    sampled_by: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The actor's update batch.
 
@@ -58,6 +68,7 @@ def actor_batch(
       advantages / subgroup: ``[len(trajs)]`` (subgroup: 1 = guided).
       sft: self-distillation rows ``(ids, mask)`` (at most ``sft_slots``).
       sft_slots: extra rows reserved for SFT (fixed per run so the update compiles once); unused ones are empty.
+      sampled_by: the actor's ``Role.version`` whose sampler played ``trajs`` (``roles.SAMPLED_BY``).
     Returns:
       the loss batch layout (:mod:`comprl_jax.rl.losses`) with ``sft_row`` when ``sft_slots``, plus the behaviour
       keys of :mod:`comprl_jax.roles`.
@@ -82,6 +93,8 @@ def actor_batch(
     if sft_slots:
         batch["sft_row"] = is_sft
     batch[BEHAVIOUR_MASK] = batch["loss_mask"] * (1.0 - is_sft)[:, None]
+    if sampled_by is not None:
+        batch[SAMPLED_BY] = sampled_by
     return batch
 
 

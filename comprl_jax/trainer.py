@@ -467,15 +467,18 @@ class Trainer:
 
     def build_offline_bank(self) -> None:
         """Offline Exp. (SPEC §8): ``bank.offline_build_steps`` rounds of free rollouts by the frozen actor,
-        distilled by the frozen extractor, then one merge; before step 0 and outside ``train.steps``. The bank
-        is fixed afterwards. Saved as checkpoint step 0."""
+        every one distilled by the frozen extractor (``extractor.distill_from="guided"`` would keep none of these
+        free episodes), then one merge and one deduplication pass (``bank.offline_dedup``); before step 0 and
+        outside ``train.steps``. The bank is fixed afterwards. Saved as checkpoint step 0."""
         cfg = self.config
         build = TaskSampler(cfg.env.tasks, cfg.rollout.tasks_per_step, cfg.seed + 7_777)
         key = jax.random.key(cfg.seed + 7_777)
         for r in range(cfg.bank.offline_build_steps):
             trajs, _ = self.rollout(build.next(), guided_ok=False, step=-1, key=jax.random.fold_in(key, r))
-            self.track.distill_async(trajs, -1).result()
+            self.track.distill_async(trajs, -1, every=True).result()
         self.track.merge(-1)
+        if cfg.bank.offline_dedup > 0:
+            self.track.mgr.dedup(cfg.bank.offline_dedup)
         self.offline_built = True
         self.save(force=True)
 
@@ -487,6 +490,9 @@ class Trainer:
         if self.search_ask:
             self.join_extractor()  # search & ask samples the extractor during the rollout
         # 1-2. rollout
+        sampled_by = (
+            self.actor.version
+        )  # the weights the actor's sampler plays with (refreshed after each update)
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
         # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout.
         self.join_extractor()
@@ -521,7 +527,13 @@ class Trainer:
         if self.train_actor and step >= cfg.actor.warmup_steps:
             sft = self._self_distillation_rows(trajs, rewards, sub, valid) if self.sft_slots else []
             batch = actor_batch(
-                trajs, adv, sub, self.actor.model.tokenizer.pad_id, sft=sft, sft_slots=self.sft_slots
+                trajs,
+                adv,
+                sub,
+                self.actor.model.tokenizer.pad_id,
+                sft=sft,
+                sft_slots=self.sft_slots,
+                sampled_by=sampled_by,
             )
             actor_metrics = roles.dispatch_update(self.actor, batch)
             if self.sft_slots:
@@ -585,9 +597,9 @@ class Trainer:
         between (search & ask turns this off). The bank-side bookkeeping (``mark_trained``) needs only the batch
         and happens now, at its fixed point of the step.
         """
-        while (samples := self.track.pop_batch()) is not None:
+        while (samples := self.track.pop_batch(step)) is not None:
             batch, host = extractor_batch(samples, self.extractor.model.tokenizer, self.track.version)
-            self.track.mark_trained(samples)
+            self.track.mark_trained(samples, step)
             t0 = time.time()
             device_metrics = roles.dispatch_update(self.extractor, batch)
             done: dict[str, float] = {}
@@ -706,11 +718,15 @@ def _rollout_metrics(trajs, rewards, env_ids) -> dict[str, float]:
 
 
 def _eval_metrics(ev: dict) -> dict[str, float]:
-    """``eval/<label>/<with|without>_exp`` success rates for a metrics row (train.eval_every)."""
+    """``eval/<label>/<with|without>_exp`` success rates for a metrics row (train.eval_every), and the same
+    keys under ``eval_score/`` and ``eval_actions/`` (the env's graded score, actions per episode)."""
     out = {}
     for mode, rows in ev.items():
         for label, r in rows.items():
-            out[f"eval/{label.split('/')[-1]}/{mode}"] = r["success"]
+            name = f"{label.split('/')[-1]}/{mode}"
+            out[f"eval/{name}"] = r["success"]
+            out[f"eval_score/{name}"] = r["score"]
+            out[f"eval_actions/{name}"] = r["actions"]
     return out
 
 

@@ -4,8 +4,10 @@
 
 Reads the run's config from <workdir>/config.json, restores the newest readable checkpoint, prints the held-out
 success table and writes <workdir>/eval.json, the input of launch/make_tables.py:
-  {"without_exp": {LABEL: {"env_id", "split", "success", "episodes", "infra_failed", "mean_reward"}},
+  {"without_exp": {LABEL: {"env_id", "split", "tasks", "success", "episodes", "infra_failed", "mean_reward",
+                           "score", "actions"}},
    "with_exp": {...}}   (with_exp only for runs with experience; LABEL = env id, or "<env_id>@<split>")
+ALFWorld and WebShop play their whole held-out splits (train.eval_full_splits); --tasks bounds them instead.
 """
 
 import json
@@ -17,7 +19,9 @@ from comprl_jax import config as config_lib
 from comprl_jax import launch_utils as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory written by launch/train.py")
-_TASKS = flags.DEFINE_integer("tasks", 0, "held-out tasks per env (0 = the config's train.eval_tasks)")
+_TASKS = flags.DEFINE_integer(
+    "tasks", 0, "held-out tasks per env (0 = the config's train.eval_tasks and whole held-out splits)"
+)
 
 
 def main(argv):
@@ -46,6 +50,9 @@ def main(argv):
 
     with open(path) as f:
         config = ml_collections.ConfigDict(config_lib.upgrade_saved(json.load(f)))
+    if _TASKS.value:  # an explicit count bounds the split envs too
+        with config.unlocked():
+            config.train.eval_full_splits = False
     tr = Trainer(config, workdir)
     try:
         if not tr.restore():
@@ -64,7 +71,7 @@ def main(argv):
     with open(tmp, "w") as f:  # atomic: make_tables never reads a torn file
         json.dump(ev, f, indent=2)
     os.replace(tmp, os.path.join(workdir, "eval.json"))
-    print(f"step {tr.step}, {n} held-out tasks per env:")
+    print(f"step {tr.step} (tasks = distinct held-out tasks played, each group_size/2 times):")
     print(eval_table(ev))
     print(f"written: {os.path.join(workdir, 'eval.json')}")
 

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from comprl_jax.envs import alfworld_data, data_paths
+from comprl_jax.envs import alfworld_data, data_paths, registry
 from comprl_jax.envs.alfworld import ALFWorldEnv, random_action
 
 
@@ -23,6 +23,9 @@ def test_split_sizes(root):
     assert len(alfworld_data.list_games(root, "train")) == 3553
     assert len(alfworld_data.list_games(root, "valid_seen")) == 140
     assert len(alfworld_data.list_games(root, "valid_unseen")) == 134
+    # the registry's sizes (evaluation plays each held-out game once) are the data's
+    for split, n in registry.spec("comprl/ALFWorld-v0").eval_sizes.items():
+        assert len(alfworld_data.list_games(root, split)) == n
     with pytest.raises(ValueError, match="'test'"):
         alfworld_data.list_games(root, "test")
 

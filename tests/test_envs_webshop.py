@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from comprl_jax.envs import registry
 from comprl_jax.envs.webshop import pages, reward
 from comprl_jax.envs.webshop.catalogue import Goal, load_catalogue, price_bound
 from comprl_jax.envs.webshop.env import WebShopEnv
@@ -28,6 +29,7 @@ def test_catalogue_goals_and_splits():
     assert len(cat.human) == 13
     train, evaluation = cat.goals("synthetic", "train"), cat.goals("synthetic", "eval")
     assert (len(train), len(evaluation)) == (6410, 500)
+    assert registry.spec("comprl/WebShop-v0").eval_sizes == {"eval": len(evaluation)}
     assert {g.key for g in train} | {g.key for g in evaluation} == {g.key for g in cat.synthetic}
     assert not {g.key for g in train} & {g.key for g in evaluation}
     assert load_catalogue() is cat  # cached per process

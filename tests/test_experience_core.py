@@ -22,6 +22,7 @@ from comprl_jax.experience import (
     parse_ops,
 )
 from comprl_jax.experience.merge import next_chunk
+from comprl_jax.rl.advantages import extractor_advantages
 
 
 class ScriptedRng:
@@ -63,16 +64,16 @@ def test_diversify_rerank_and_dropout_paths():
 
 
 def test_eq7_weights_and_advantages_by_hand():
-    # Count factor alone (tau = 0, the released code), extractor update t = 10: never trained -> 1;
+    # Count factor alone (tau = 0, the released code), an update in trainer step t = 10: never trained -> 1;
     # c=3, last 5 -> 4^-0.5 = 0.5; c=1, last 10 -> cooldown (10-10 < 1) -> 0; c=8, last 9 -> 9^-0.5 = 1/3.
     w = count_aware_weights([0, 3, 1, 8], [None, 5, 10, 9], step=10, cooldown=1, alpha=0.5)
     np.testing.assert_allclose(w, [1.0, 0.5, 0.0, 1 / 3], rtol=1e-6)
-    # Count and recency (the paper; tau = 2 updates): x (1 - exp(-(t - t_last) / 2)) for trained entries:
+    # Count and recency (the paper; tau = 2 steps): x (1 - exp(-(t - t_last) / 2)) for trained entries:
     # c=3 rested 5 -> 0.5 (1 - e^-2.5); c=8 rested 1 -> (1/3)(1 - e^-0.5); never trained stays 1.
     w = count_aware_weights([0, 3, 1, 8], [None, 5, 10, 9], step=10, cooldown=1, alpha=0.5, recency_tau=2.0)
     hand = [1.0, 0.5 * (1 - math.exp(-2.5)), 0.0, (1 - math.exp(-0.5)) / 3]
     np.testing.assert_allclose(w, hand, rtol=1e-6)
-    # The cooldown counts extractor updates: delta = 3 silences an entry trained 2 updates ago.
+    # The cooldown counts trainer steps: delta = 3 silences a sample trained 2 steps ago.
     w = count_aware_weights([1, 1], [8, 7], step=10, cooldown=3, alpha=0.5, recency_tau=2.0)
     np.testing.assert_allclose(w, [0.0, 2**-0.5 * (1 - math.exp(-1.5))], rtol=1e-6)
     buf = ExtractorBuffer(BufferConfig(batch_size=4))  # default: tau = 2
@@ -80,7 +81,8 @@ def test_eq7_weights_and_advantages_by_hand():
     for i, (r, c, t) in enumerate(zip(rewards, [0, 3, 1, 8], [None, 5, 10, 9], strict=True)):
         buf.add_reward(f"entry:{i}", r, "p", "r", c, t)
     b = buf.pop_batch(step=10)
-    np.testing.assert_allclose(b.advantages, [0.75, -1.25 * hand[1], 0.0, -0.25 * hand[3]], rtol=1e-6)
+    adv = np.asarray(extractor_advantages(b.rewards)) * b.weights  # what the loss applies
+    np.testing.assert_allclose(adv, [0.75, -1.25 * hand[1], 0.0, -0.25 * hand[3]], rtol=1e-6)
     assert ExtractorBuffer.trained_keys(b) == ["entry:0", "entry:1", "entry:3"]
 
 
@@ -113,24 +115,29 @@ def _mgr(**kw):
 
 def test_manager_outcomes_cooldown_and_mark_trained():
     m = _mgr(buffer_cfg=BufferConfig(batch_size=2))
+    # One distillation call writes two entries: one sample (call 0), not two.
     m.apply_output("t", answer(add(mem("a", "go east")), add(mem("b", "go west"))), [], step=0, prompt="P")
+    m.apply_output("t", answer(add(mem("c", "go north"))), [], step=0, prompt="Q")  # call 1: entry 2
+    assert [e.call for e in m.bank.entries.values()] == [0, 0, 1]
     m.record_outcome([0, 0], True)  # duplicate uid in one trajectory counts once
-    m.record_outcome([0], False)
+    m.record_outcome([0, 1], False)  # two entries of one call in one trajectory: once
     m.record_outcome([1], True)
+    m.record_outcome([2], False)
+    assert list(m.buffer.samples) == ["call:0", "call:1"]
     b = m.pop_extractor_batch(step=3)
-    np.testing.assert_allclose(b.rewards, [0.0, 1.0])
-    np.testing.assert_allclose(b.advantages, [-0.5, 0.5])
-    m.mark_trained(b, step=3)
-    assert [(e.train_count, e.last_trained) for e in m.bank.entries.values()] == [(1, 3), (1, 3)]
+    np.testing.assert_allclose(b.rewards, [1 / 3, -1.0])  # call 0: (+1 - 1 + 1) / 3
+    np.testing.assert_allclose(extractor_advantages(b.rewards), [2 / 3, -2 / 3], rtol=1e-6)
+    m.mark_trained(b, step=3)  # every entry of a trained call advances
+    assert [(e.train_count, e.last_trained) for e in m.bank.entries.values()] == [(1, 3)] * 3
     m.record_outcome([0], True)
-    m.record_outcome([1], False)
-    b = m.pop_extractor_batch(step=3)  # same step: cooldown -> weights 0
+    m.record_outcome([2], False)
+    b = m.pop_extractor_batch(step=3)  # again in trainer step 3: cooldown (3 - 3 < 1) -> weights 0
     np.testing.assert_allclose(b.weights, [0.0, 0.0])
-    m.mark_trained(b, step=3)
+    m.mark_trained(b, step=3)  # w = 0: nothing advances
     assert m.bank.entries[0].train_count == 1
-    m.record_outcome([0], True)
-    m.record_outcome([1], False)
-    b = m.pop_extractor_batch(step=4)  # trained once, rested 1 update: 2^-0.5 (1 - e^-1/2)
+    m.record_outcome([1], True)
+    m.record_outcome([2], False)
+    b = m.pop_extractor_batch(step=4)  # trained once, rested 1 step: 2^-0.5 (1 - e^-1/2)
     np.testing.assert_allclose(b.weights, [2**-0.5 * (1 - math.exp(-0.5))] * 2, rtol=1e-6)
     m.check_invariants()
 
@@ -238,6 +245,53 @@ def test_merge_sliding_chunks_with_carry_over():
     m.check_invariants()
 
 
+def test_one_extractor_call_is_one_sample_for_merges_and_old_stores():
+    """SPEC §3: a merge call that writes two entries is one buffer sample; its reward is the mean over every
+    trajectory guided by either entry (once per trajectory); training marks both. A store saved before call ids
+    (entries without ``call``) keeps one sample per entry."""
+    m = _mgr(
+        extractor_fn=lambda ps: [answer(add(mem("M", "east")), add(mem("N", "west"))) for _ in ps],
+        buffer_cfg=BufferConfig(batch_size=1),
+    )
+    for i in range(2):
+        m.apply_output("t", answer(add(mem(f"e{i}", f"lesson {i}"))), [], step=0, prompt=f"P{i}")
+    m.merge(step=1)
+    merged = list(m.bank.entries.values())
+    assert [(e.uid, e.call, e.kind) for e in merged] == [(2, 2, "merge"), (3, 2, "merge")]
+    m.record_outcome([2, 3], True)  # one trajectory guided by both: +1 once
+    m.record_outcome([3], False)
+    assert list(m.buffer.samples) == ["call:2"] and m.buffer.samples["call:2"].reward == 0.0
+    b = m.pop_extractor_batch(step=1)
+    m.mark_trained(b, step=1)
+    assert [(e.train_count, e.last_trained) for e in m.bank.entries.values()] == [(1, 1), (1, 1)]
+    state = m.bank.state_dict()
+    for d in state["entries"]:
+        d.pop("call")  # a store from before call ids
+    state.pop("next_call")
+    old = ExperienceBank(DIM, m.bank.cfg)
+    old.load_state_dict(state)
+    assert [ExperienceBank.sample_key(e) for e in old.entries.values()] == ["entry:2", "entry:3"]
+    assert old.next_call == 0 and old.new_call() == 0
+    m.check_invariants()
+
+
+def test_dedup_pass_keeps_the_oldest_of_near_duplicates_per_partition():
+    m = _mgr()
+    for task, text in [
+        ("a", "go east"),
+        ("a", "go west"),
+        ("a", "go east"),
+        ("b", "go east"),
+        ("a", "go west"),
+    ]:
+        m.apply_output(task, answer(add(mem("t", text))), [], step=0)
+    assert m.dedup(0.999) == 2  # uids 2 and 4 repeat 0 and 1; task b's copy is in its own partition
+    assert list(m.bank.entries) == [0, 1, 3] and m.counts["dedup_removed"] == 2
+    assert m.bank.op_log[-1]["reason"] == "dedup"
+    assert m.dedup(0.999) == 0
+    m.check_invariants()
+
+
 def test_partition_index_scann_matches_exact_and_masks_deletions():
     rng = np.random.default_rng(0)
     cent = rng.standard_normal((8, DIM)).astype(np.float32)
@@ -277,9 +331,12 @@ def test_op_log_replay_rebuilds_identical_bank_and_dedup():
         m.apply_output("ab"[i % 2], answer(add(mem(f"t{i}", f"word{i}"))), [], step=i)
     m.search_sync(["word1", "word2"], ["b", "a"])
     m.merge(step=5)
-    m.mark_trained(type("B", (), {"keys": ["entry:5"], "weights": np.ones(1)})(), 7)
+    key = ExperienceBank.sample_key(next(reversed(m.bank.entries.values())))
+    m.mark_trained(type("B", (), {"keys": [key], "weights": np.ones(1)})(), 7)
+    assert key.startswith("call:") and next(reversed(m.bank.entries.values())).last_trained == 7
     fresh = ExperienceBank(DIM, m.bank.cfg)
     fresh.replay(m.bank.op_log, hash_embed)
+    assert fresh.next_call == m.bank.next_call
     assert [vars(e) for e in fresh.entries.values()] == [vars(e) for e in m.bank.entries.values()]
     assert fresh.op_log == m.bank.op_log
     for u in m.bank.entries:

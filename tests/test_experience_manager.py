@@ -298,6 +298,7 @@ def test_distill_queue_and_search_and_ask_rewards():
         m.record_refine_outcome(key, True)
         m.record_outcome(uids, False)
         b = m.pop_extractor_batch(step=4)
-        assert b.keys == ["refine:0", f"entry:{uids[0]}"] and b.rewards.tolist() == [1.0, -1.0]
+        call = m.bank.entries[uids[0]].call
+        assert b.keys == ["refine:0", f"call:{call}"] and b.rewards.tolist() == [1.0, -1.0]
         assert b.prompts[0] == prompts[1]
         m.check_invariants()

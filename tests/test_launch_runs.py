@@ -66,7 +66,9 @@ def _assert_eval_table(lines):
     assert lines[0].startswith("held-out eval ") and lines[0].index("with experience") < lines[0].index(
         "without"
     )
-    assert [c.split() for c in lines[1].split("|")][-2:] == [["success", "episodes", "infra"]] * 2
+    assert [c.split() for c in lines[1].split("|")][-2:] == [
+        ["success", "score", "actions", "tasks", "episodes", "infra"]
+    ] * 2
     assert len(lines) == 3 and lines[2].startswith("comprl/MiniHack-Room-Ultimate-5x5-v0 ")
     assert len({len(line) for line in lines[1:]}) == 1  # aligned
 

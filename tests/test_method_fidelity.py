@@ -83,6 +83,27 @@ def test_fixed_level_env_really_has_one_level():
         env.close()
 
 
+def test_paper_scale_evaluation_plays_each_held_out_task_once():
+    """train.eval_full_splits (the default): ALFWorld's 134 valid_unseen games and 140 valid_seen ones, WebShop's
+    500 goals, whatever train.eval_tasks says; otherwise eval_tasks bounded by the split (no task twice)."""
+    from comprl_jax.evaluation import eval_tasks
+
+    full = {
+        s: eval_tasks("comprl/ALFWorld-v0", 0, s, 128, 0, full=True) for s in ("valid_unseen", "valid_seen")
+    }
+    assert [t.seed for t in full["valid_unseen"]] == list(range(134)) and len(full["valid_seen"]) == 140
+    assert len(eval_tasks("comprl/WebShop-v0", 1, "eval", 128, 0, full=True)) == 500
+    assert len(eval_tasks("comprl/ALFWorld-v0", 0, "valid_unseen", 200, 0)) == 134
+    assert len(eval_tasks("comprl/WebShop-v0", 1, "eval", 8, 0)) == 8
+    seeded = eval_tasks("comprl/MiniHack-Room-Ultimate-5x5-v0", 0, None, 16, 0, full=True)
+    assert len(seeded) == 16 and len({t.seed for t in seeded}) == 16
+    c = config_lib.load_file("configs/multitask3.py")
+    assert (
+        c.train.eval_full_splits
+        and not config_lib.load_file("configs/multitask3.py:tiny").train.eval_full_splits
+    )
+
+
 def test_eval_pools_play_the_held_out_split():
     """Pools built with ``split=`` (what Trainer.eval_pools does) reset into the held-out games / goals."""
     from comprl_jax.rollout import Pools
@@ -149,7 +170,7 @@ def test_infra_failed_episodes_give_no_extractor_reward_and_are_not_distilled():
     track = ExtractorTrack.__new__(ExtractorTrack)  # only record_outcomes' state
     track.mgr = m
     track.record_outcomes([_traj(True, True, failed=True), _traj(False, True)])
-    assert m.buffer.samples["entry:0"].count == 1 and m.buffer.samples["entry:0"].reward == -1.0
+    assert m.buffer.samples["call:0"].count == 1 and m.buffer.samples["call:0"].reward == -1.0
 
 
 # ---- 4. off-policy correctness -----------------------------------------------------------------------------------
@@ -195,8 +216,8 @@ def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
                    tuple(res.tokens[b, : res.lengths[b]].tolist()), tuple(res.logprobs[b, : res.lengths[b]]), 0)
         for b in range(2)
     ]  # fmt: skip
-    xb = ExtractorBatch(["entry:0", "entry:1"], ["lesson 1", "lesson 2"], [g.text for g in gens],
-                        np.array([1.0, -1.0]), np.ones(2, np.float32), np.zeros(2), 0, [g.record() for g in gens])  # fmt: skip
+    xb = ExtractorBatch(["call:0", "call:1"], ["lesson 1", "lesson 2"], [g.text for g in gens],
+                        np.array([1.0, -1.0]), np.ones(2, np.float32), 0, [g.record() for g in gens])  # fmt: skip
     batch, host = extractor_batch(xb, tok, version=0)
     np.testing.assert_array_equal(batch["tokens"][0, : len(prompts[0]) + len(gens[0].response_ids)],
                                   list(prompts[0]) + list(gens[0].response_ids))  # fmt: skip
@@ -237,6 +258,28 @@ def test_actor_mini_batch_steps_move_the_ratio_and_mismatch_is_tiny(tiny):
     assert m["step"] == 2.0  # two optimizer steps from one rollout batch
     assert m["logprob_mismatch"] < 1e-5  # sampler vs trainer, same weights, float32
     assert m["ratio_max"] > 1.0 + 1e-3 and m["clipfrac"] > 0  # the second mini-batch is off-policy
+
+
+def test_one_step_shortcut_only_takes_samples_of_the_current_weights(tiny):
+    """One optimizer step per batch takes pi_old from the update's own forward pass (rho = 1): right only for the
+    current weights' samples. A batch that does not say, or says older weights, is refused (an asynchronous actor
+    would otherwise lose its importance correction silently)."""
+    from comprl_jax import roles
+    from comprl_jax.rl import ActorLossConfig
+    from comprl_jax.train_batches import actor_batch
+
+    tok, _ = tiny
+    role = _role(tiny, "actor", ActorLossConfig(), rows=4, lr=3e-2)
+    trajs = [_traj(i % 2 == 0, i < 2) for i in range(4)]
+    batch = actor_batch(trajs, np.array([1.0, -1.0, 1.0, -1.0], np.float32), np.zeros(4, np.int32), pad_id=0)
+    with pytest.raises(ValueError, match="sampled by weights version None"):
+        roles.dispatch_update(role, batch)
+    fresh = actor_batch(trajs, np.array([1.0, -1.0, 1.0, -1.0], np.float32), np.zeros(4, np.int32), pad_id=0,
+                        sampled_by=role.version)  # fmt: skip
+    m = jax.device_get(roles.dispatch_update(role, fresh))
+    assert role.version == 1 and m["ratio"] == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match="version 0 but the actor is at version 1"):
+        roles.dispatch_update(role, fresh)  # the same samples again: the weights that sampled them are gone
 
 
 def _generating_track(c, sampler, tok, version: int):
@@ -369,37 +412,60 @@ def test_actor_critic_decisions_and_the_s_plus_r_reward():
     assert "go east, then south" in d.experience("BLOCK") and ac.Decision("accept").experience("B") == "B"
     assert "[No experience found]" in ac.Decision("reject").experience("B")
     assert re.fullmatch(ac.DECISION_REGEX, "<answer>refine: go east</answer>")
-    # Extractor reward of an entry = mean over its episodes of (s + r): accepted success 1 + 1, refined failure
-    # 0.5 - 1, rejected success 0 + 1 -> (2 - 0.5 + 1) / 3.
+    # Extractor reward of an entry = mean over its episodes of (s + r), r only from episodes it guided: accepted
+    # success 1 + 1, refined failure 0.5 - 1, rejected (the episode ran without it) success 0 + nothing
+    # -> (2 - 0.5 + 0) / 3, through the track as the trainer calls it.
+    from comprl_jax.extractor_track import ExtractorTrack
+
     m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock())
     m.apply_output("t", answer(add(mem("a", "go east"))), [], step=0, prompt="P")
-    m.record_outcome([0], True, bonus=1.0)
-    m.record_outcome([0], False, bonus=0.5)
-    m.record_outcome([0], True, bonus=0.0)
-    assert m.buffer.samples["entry:0"].reward == pytest.approx(2.5 / 3)
+    track = ExtractorTrack.__new__(ExtractorTrack)  # only record_outcomes' state
+    track.mgr = m
+    trajs = [_traj(True, True), _traj(False, True), _traj(True, True)]
+    for t, d in zip(trajs, ["accept", "refine", "reject"], strict=True):
+        t.spec.critic_score = ac.Decision(d).score
+    track.record_outcomes(trajs)
+    assert m.buffer.samples["call:0"].reward == pytest.approx(1.5 / 3)
 
 
 def test_self_distillation_rows_strip_the_experience_and_keep_the_turns(tiny):
+    """SPEC §7: all experience leaves the SFT row: the experience block, the search & ask tool description, and
+    each search & ask exchange (question turn + the extractor's answer), built here by the engines' own helper."""
     from comprl_jax.rl import self_distillation_select
-    from comprl_jax.rollout import system_message
+    from comprl_jax.rollout import _Episode, _next_input, answer_ask, search_ask_prompt, system_message
     from comprl_jax.train_batches import strip_experience
 
     tok, _ = tiny
+    im_end = tok.special_ids.get("<|im_end|>")
     base, exp = "You play a game.", "Experience from earlier episodes\n1. go east: it works"
+    tool = search_ask_prompt(2)
     msgs = [
-        {"role": "system", "content": system_message(base, exp)},
+        {"role": "system", "content": system_message(base, exp, tool)},
         {"role": "user", "content": "Observation: x"},
     ]
     ids, _ = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    question = tok.encode("<knowledge_search_and_ask>where</knowledge_search_and_ask>")
     reply = tok.encode("<answer>east</answer>")
-    t = _traj(True, True, tokens=ids + reply, mask=[0] * len(ids) + [1] * len(reply))
+    t = _traj(True, True, tokens=ids + question, mask=[0] * len(ids) + [1] * len(question))
     t.spec.experience = exp
-    got_ids, got_mask = strip_experience(t, tok, base)
+    e = _Episode(t.spec, {}, "x", [], True, False, None)
+    answer_ask(e, "ask", "go east", "refine:0", t.tokens, len(question), tok, im_end)
+    t.tokens += e.pending + reply
+    t.loss_mask += [0] * len(e.pending) + [1] * len(reply)
+    t.ask_spans = e.ask_spans
+    after = _next_input(t.tokens, {"role": "user", "content": "Observation: y"}, tok, im_end)
+    t.tokens += after + reply
+    t.loss_mask += [0] * len(after) + [1] * len(reply)
+    got_ids, got_mask = strip_experience(t, tok, base, tool)
     plain, _ = tok.apply_chat_template(
         [{"role": "system", "content": base}, {"role": "user", "content": "Observation: x"}],
         add_generation_prompt=True,
     )
-    assert got_ids == plain + reply and got_mask == [0] * len(plain) + [1] * len(reply)
+    # The row reads as if the actor had answered right away: system, x, east, y, east.
+    assert got_ids == plain + reply + after + reply
+    assert got_mask == [0] * len(plain) + [1] * len(reply) + [0] * len(after) + [1] * len(reply)
+    text = tok.decode(got_ids)
+    assert "search_and_ask" not in text and "go east" not in text and "Tool:" not in text
     # Selection: guided rollouts above their group's (valid) free mean; a failed free rollout does not count.
     r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
     sg = np.array([[1, 1, 0, 0], [1, 1, 0, 0]])

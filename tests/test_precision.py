@@ -109,6 +109,7 @@ def test_logprob_mismatch_of_bfloat16_sampling_against_the_bfloat16_trainer(tiny
     batch["advantages"] = np.array([1.0, -1.0, 1.0, -1.0], np.float32)
     batch["subgroup"] = np.zeros(4, np.int32)
     batch["behaviour_mask"] = batch["loss_mask"]
+    batch[roles.SAMPLED_BY] = role.version  # one optimizer step on this sampler's own samples
     m = jax.device_get(roles.dispatch_update(role, batch))
     assert m["logprob_mismatch"] < bound, m["logprob_mismatch"]
     assert role.refresh_seconds() >= 0.0  # the sampler got a fresh copy after the update, timed

@@ -221,7 +221,7 @@ def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1):
 def _same(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
-        assert x.tokens == y.tokens and x.loss_mask == y.loss_mask
+        assert x.tokens == y.tokens and x.loss_mask == y.loss_mask and x.ask_spans == y.ask_spans
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=2e-5)
         assert (x.reward, x.success, x.turns, x.num_invalid, x.transcript, x.final_obs, x.asks) == (
             y.reward,
@@ -257,10 +257,11 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
     forced = trainer.actor.sampler.strings_constraint(
         ("<knowledge_search_and_ask>where are the stairs</knowledge_search_and_ask>", "<answer>east</answer>")
     )
-    calls = []
+    calls, situations = [], []
 
     def ask(items):
         calls.append(len(items))
+        situations.extend(s for _, s, _ in items)
         return [(f"answer to {q} in {env_id}", None) for q, _obs, env_id in items]
 
     sp = SamplingParams(max_new_tokens=48, temperature=1.0)
@@ -268,9 +269,28 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
     _same(lock, cont)
     asked = [t for t in cont if t.asks]
     assert asked and all(t.spec.guided and t.asks <= 2 for t in asked)
+    # The refinement call sees the episode's goal, not only the current observation (SPEC §5).
+    goals = {f"Goal: {t.goal}\nCurrent observation: " for t in asked}
+    assert situations and all(any(s.startswith(g) for g in goals) for s in situations)
     assert all(
         "[search & ask answer] answer to where are the stairs" in t.transcript_text(10_000) for t in asked
     )
+    # Self-distillation's row of an asking episode: no question, no answer, no tool text, every action kept.
+    from comprl_jax.rollout import search_ask_prompt
+    from comprl_jax.train_batches import strip_experience
+
+    tok = trainer.actor.model.tokenizer
+    for t in asked:
+        assert len(t.ask_spans) == t.asks
+        ids, mask = strip_experience(
+            t, tok, trainer.pools.system_prompts[t.spec.task.env_id], search_ask_prompt(2)
+        )
+        text, full = tok.decode(ids), tok.decode(t.tokens)
+        # (a reply cut off inside the tag by max_new_tokens was no question: an invalid action, kept)
+        assert "</knowledge_search_and_ask>" not in text and "answer to" not in text and "Tool:" not in text
+        tool = search_ask_prompt(2)  # its text names the <answer> tag too
+        assert text.count("<answer>") == full.count("<answer>") - tool.count("<answer>")
+        assert sum(mask) == sum(t.loss_mask) - sum(sum(t.loss_mask[a:b]) for a, b in t.ask_spans)
 
 
 @pytest.mark.slow

@@ -23,14 +23,17 @@ from comprl_jax.tables import (
 ROOM, WEBSHOP, ALFWORLD = TABLE1_ENVS
 
 
-def _entry(env, success, episodes=8, infra=0, split="eval"):
+def _entry(env, success, episodes=8, infra=0, split="eval", score=None):
     return {
         "env_id": env,
         "split": split,
+        "tasks": episodes // 2,
         "success": success,
         "episodes": episodes,
         "infra_failed": infra,
         "mean_reward": 0.0,
+        "score": round(success + 0.25, 6) if score is None else score,  # graded reward: above success
+        "actions": 12.5,
     }
 
 
@@ -72,13 +75,14 @@ def test_table1_averages_seeds_and_keeps_the_old_format(tmp_path):
     )
     runs.append(load_run(old))
     text = table1(runs)
-    # Room: 0.5/0.6/0.7 -> 0.60 ± 0.06 (3); WebShop 0.6 x3 -> se 0; per-seed averages 0.6, 0.633, 0.667
-    # -> mean 0.633, sd 0.0333, se 0.0192
+    # Room: success 0.5/0.6/0.7 -> 0.60 ± 0.06 (3); WebShop: its score (success 0.6 + 0.25) x3 -> 0.85, se 0;
+    # ALFWorld: success 0.7; per-seed averages 0.6833, 0.7167, 0.75 -> mean 0.7167, sd 0.0333, se 0.0192
     assert (
-        "| Complementary RL (eval with exp.) | 0.60 ± 0.06 (3) / 0.78 | 0.60 ± 0.00 (3) / 0.87 | "
-        "0.70 ± 0.00 (3) / 0.82 | 0.63 ± 0.02 (3) / 0.82 |" in text
+        "| Complementary RL (eval with exp.) | 0.60 ± 0.06 (3) / 0.78 | 0.85 ± 0.00 (3) / 0.87 | "
+        "0.70 ± 0.00 (3) / 0.82 | 0.72 ± 0.02 (3) / 0.82 |" in text
     )
-    assert "| Baseline | 0.40 (1) / 0.68 | 0.50 (1) / 0.81 | 0.60 (1) / 0.72 | 0.50 (1) / 0.75 |" in text
+    # the old format recorded success only: no WebShop score, so no average
+    assert "| Baseline | 0.40 (1) / 0.68 | - / 0.81 | 0.60 (1) / 0.72 | - / 0.75 |" in text
     assert "| Exp. Only | - / 0.49 | - / 0.37 | - / 0.13 | - / 0.33 |" in text
     assert runs[-1]["old_format"] and not runs[0]["old_format"]
 
@@ -177,14 +181,21 @@ def test_eval_table_is_aligned():
         },
         "with_exp": {ALFWORLD: _entry(ALFWORLD, 0.375, split="valid_unseen")},
     }
-    assert eval_table(ev).splitlines() == [
-        "held-out eval                 |              |     with experience      |    without experience",
-        "env                           | split        | success  episodes  infra | success  episodes  infra",
-        "comprl/ALFWorld-v0            | valid_unseen |   0.375         8      0 |   0.250         8      1",
-        "comprl/ALFWorld-v0@valid_seen | valid_seen   |       -         -      - |   0.500         8      0",
-    ]
+    lines = eval_table(ev).splitlines()
+    w = "success  score  actions  tasks  episodes  infra"
+    assert lines == [
+        "held-out eval                 |              |" + f" {'with experience':^{len(w)}} |"
+        + f" {'without experience':^{len(w)}}".rstrip(),
+        f"env                           | split        | {w} | {w}",
+        "comprl/ALFWorld-v0            | valid_unseen |   0.375  0.625     12.5      4         8      0"
+        " |   0.250  0.500     12.5      4         8      1",
+        "comprl/ALFWorld-v0@valid_seen | valid_seen   |       -      -        -      -         -      -"
+        " |   0.500  0.750     12.5      4         8      0",
+    ]  # fmt: skip
     # an older eval.json: no split, no counts
-    assert eval_table({"without_exp": {ROOM: 0.5}}).splitlines()[-1] == f"{ROOM} |   0.500         -      -"
+    assert eval_table({"without_exp": {ROOM: 0.5}}).splitlines()[-1] == (
+        f"{ROOM} |   0.500      -        -      -         -      -"
+    )
     assert eval_table({}) == "held-out eval: no episodes"
 
 

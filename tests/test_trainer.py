@@ -83,7 +83,9 @@ SMOKE = [
 def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
     from comprl_jax import trainer
 
-    c = load_config(name, variant)
+    # Offline Exp. with the released code's distill_from="guided": the build's free rollouts are still distilled.
+    over = {"extractor.distill_from": "guided"} if "offline" in variant else {}
+    c = load_config(name, variant, **over)
     out = trainer.run(c, str(tmp_path), progress=False)
     assert out["step"] == 2
     rows = _read(tmp_path / "metrics.jsonl")
@@ -105,6 +107,7 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
         assert (tmp_path / "checkpoints" / "0").is_dir()
         assert rows[0]["bank/ops_submitted"] >= c.rollout.tasks_per_step * c.rollout.group_size
         assert rows[-1]["bank/merge_passes"] == 1 and rows[0]["bank/size"] == rows[-1]["bank/size"]
+        assert rows[-1]["bank/dedup_passes"] == 1  # merged, then deduplicated (SPEC §8)
     # Search & ask is live in the full method (guided episodes) and absent from its ablation.
     if name == "ablation_no_search_ask" or c.method in ("baseline", "blank_exp"):
         assert not any("search_ask/calls_per_episode" in r for r in rows)
@@ -126,7 +129,7 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
 
 
 def test_method_options_act_in_a_real_run(tmp_path, compile_cache):
-    """Issue 13: search & ask fires, the Eq. 7 cooldown (in extractor updates) fires, every full buffer batch
+    """Issue 13: search & ask fires, the Eq. 7 cooldown (in trainer steps) fires, every full buffer batch
     is an update, the actor takes updates_per_batch optimizer steps per batch, actor-critic judges entries,
     self-distillation rows are built, held-out eval runs every train.eval_every steps, rows every log_every."""
     from comprl_jax import trainer
@@ -137,7 +140,7 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache):
         "actor.updates_per_batch": 2,
         "actor.self_distill_coef": 0.5,
         "actor.actor_critic": True,
-        "extractor.cooldown": 10,  # an entry trained in the last 10 extractor updates gets weight 0 ...
+        "extractor.cooldown": 10,  # a sample trained in the last 10 trainer steps gets weight 0 ...
         "bank.merge_every": 100,  # ... and without merges (which make new entries) entries are re-trained
         "train.eval_every": 2,
         "train.log_every": 3,

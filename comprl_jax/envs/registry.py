@@ -41,6 +41,9 @@ class EnvSpec:
     train_split: str | None = None
     eval_splits: tuple[str, ...] = ()
     failure_reward: float = 0.0  # reward of an unsuccessful episode (success is 1); ALFWorld: -1
+    # tasks in each held-out split (seeds wrap around past it: evaluation never plays more); checked against the
+    # data by tests/test_envs_alfworld.py and tests/test_envs_webshop.py
+    eval_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.levels not in LEVELS:
@@ -48,6 +51,10 @@ class EnvSpec:
         if (self.levels == "split") != bool(self.eval_splits and self.train_split):
             raise ValueError(
                 f"env {self.env_id!r}: levels='split' needs train_split and eval_splits (only it)"
+            )
+        if set(self.eval_sizes) != set(self.eval_splits):
+            raise ValueError(
+                f"env {self.env_id!r}: eval_sizes must give the size of each of {self.eval_splits}"
             )
 
 
@@ -63,13 +70,23 @@ def register(
     train_split: str | None = None,
     eval_splits: tuple[str, ...] = (),
     failure_reward: float = 0.0,
+    eval_sizes: dict[str, int] | None = None,
     **kwargs: Any,
 ) -> EnvSpec:
     """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``; ``kwargs`` go to the constructor.
     Returns the spec."""
     if ":" not in entry_point:
         raise ValueError(f"entry_point for {env_id!r} must look like 'module:Class', got {entry_point!r}")
-    spec = EnvSpec(env_id, entry_point, dict(kwargs), levels, train_split, tuple(eval_splits), failure_reward)
+    spec = EnvSpec(
+        env_id,
+        entry_point,
+        dict(kwargs),
+        levels,
+        train_split,
+        tuple(eval_splits),
+        failure_reward,
+        dict(eval_sizes or {}),
+    )
     _REGISTRY[env_id] = spec
     return spec
 
@@ -92,6 +109,7 @@ register(
     levels="split",
     train_split="rl_train",
     eval_splits=("valid_unseen", "valid_seen"),
+    eval_sizes={"valid_unseen": 134, "valid_seen": 140},
     failure_reward=-1.0,
 )
 # WebShop: 6,410 training goals, 500 held-out ones (disjoint goal keys, as WebShop's own split).
@@ -101,6 +119,7 @@ register(
     levels="split",
     train_split="train",
     eval_splits=("eval",),
+    eval_sizes={"eval": 500},
 )
 
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)
@@ -141,6 +160,11 @@ def failure_reward(env_id: str) -> float:
     """Reward of an unsuccessful episode of ``env_id`` (success scores 1); unknown ids score 0."""
     s = _REGISTRY.get(env_id)
     return s.failure_reward if s is not None else 0.0
+
+
+def eval_size(env_id: str, split: str | None) -> int | None:
+    """How many tasks ``split`` of ``env_id`` holds (None: seeded or fixed levels, no finite list)."""
+    return spec(env_id).eval_sizes.get(split) if split is not None else None
 
 
 def eval_splits(env_id: str, requested: str = "eval") -> tuple[str | None, ...]:

@@ -37,8 +37,12 @@ class Entry:
     created_step: int
     retrievals: int = 0
     last_retrieved: float | None = None  # clock time of the last retrieval
-    train_count: int = 0
-    last_trained: int | None = None  # extractor step of the last update that used this entry's sample
+    train_count: int = 0  # updates that trained this entry's sample (its call's: every entry of a call alike)
+    last_trained: int | None = None  # trainer step of the last update that trained this entry's sample
+    # The extractor call that wrote the entry (a distillation, merge or seed call). Every entry of one call shares
+    # one training sample (SPEC §3: the released code keys samples by request_id). -1: a store from before calls
+    # were recorded, where each entry is its own sample.
+    call: int = -1
     prompt: str = ""  # extractor prompt/response that produced the entry = its training sample
     response: str = ""
     kind: str = "distill"  # distill | merge | refine | seed
@@ -124,6 +128,7 @@ class ExperienceBank:
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.indexes: dict[str, PartitionIndex] = {}
         self.next_uid = 0
+        self.next_call = 0
         self.op_log: list[dict] = []
         self.counts: collections.Counter = collections.Counter()
 
@@ -135,6 +140,26 @@ class ExperienceBank:
     def part(self, task_id: str) -> str:
         """The partition (index key) that ``task_id``'s entries live in."""
         return SHARED if self.cfg.partition == "shared" else task_id
+
+    def new_call(self) -> int:
+        """A fresh extractor-call id for the entries one call writes (caller holds the writer lock)."""
+        self.next_call += 1
+        return self.next_call - 1
+
+    @staticmethod
+    def sample_key(e: Entry) -> str:
+        """The training-buffer key of ``e``'s sample: its call's (``"call:<id>"``), or ``"entry:<uid>"`` for an
+        entry from a store without call ids."""
+        return f"call:{e.call}" if e.call >= 0 else f"entry:{e.uid}"
+
+    def uids_of_sample(self, key: str) -> list[int]:
+        """Live entries whose sample is ``key`` (caller holds a lock)."""
+        kind, _, n = key.partition(":")
+        if kind == "entry":
+            return [int(n)] if int(n) in self.entries else []
+        if kind == "call":
+            return [u for u, e in self.entries.items() if e.call == int(n)]
+        raise ValueError(f"not an entry sample key: {key!r}")
 
     def _index(self, task_id: str) -> PartitionIndex:
         p = self.part(task_id)
@@ -155,9 +180,11 @@ class ExperienceBank:
         kind: str = "distill",
         tokens: dict | None = None,
         evict: bool = True,
+        call: int | None = None,
     ) -> int:
         """Adds one entry (no validation beyond the vector shape) and, unless ``evict=False``, evicts the oldest
         entries past capacity (``apply_ops`` defers eviction to the end so an add cannot evict a later op's target).
+        ``call``: the extractor call that wrote it (:meth:`new_call`; None: a call of its own).
         """
         vec = np.asarray(vec, np.float32).reshape(-1)
         if vec.shape != (self.dim,):
@@ -165,12 +192,15 @@ class ExperienceBank:
         uid = self.next_uid
         self.next_uid += 1
         key_text = text if key_text is None else key_text
+        call = self.new_call() if call is None else int(call)
+        self.next_call = max(self.next_call, call + 1)
         self.entries[uid] = Entry(
             uid,
             task_id,
             text,
             key_text,
             int(step),
+            call=call,
             prompt=prompt,
             response=response,
             kind=kind,
@@ -185,6 +215,7 @@ class ExperienceBank:
                 "text": text,
                 "key_text": key_text,
                 "step": int(step),
+                "call": call,
                 "prompt": prompt,
                 "response": response,
                 "kind": kind,
@@ -282,6 +313,7 @@ class ExperienceBank:
                     continue
             keep.append((op, vec))
         added, removed = [], []
+        call = self.new_call() if keep else None  # one call, one training sample for all its entries
         for op, vec in keep:
             for t in op.targets:
                 self.remove(shown[t], kind if kind == "merge" else "update")
@@ -299,6 +331,7 @@ class ExperienceBank:
                     kind=kind,
                     tokens=tokens,
                     evict=False,
+                    call=call,
                 )
             )
         self.evict()
@@ -323,10 +356,28 @@ class ExperienceBank:
     def vector(self, uid: int) -> np.ndarray:
         return self.indexes[self.part(self.entries[uid].task_id)].vector(uid)
 
+    def dedup(self, threshold: float) -> int:
+        """Removes near-duplicates (caller holds the writer lock): walking each partition oldest first, an entry
+        whose key embedding has cosine >= ``threshold`` with an earlier kept one goes (reason "dedup"). Returns how
+        many went."""
+        removed = 0
+        for p in sorted(self.indexes):
+            uids = [u for u, e in self.entries.items() if self.part(e.task_id) == p]
+            kept: list[np.ndarray] = []
+            for u in uids:
+                v = np.asarray(self.vector(u), np.float32)
+                if kept and float(np.max(np.stack(kept) @ v)) >= threshold:
+                    self.remove(u, "dedup")
+                    removed += 1
+                else:
+                    kept.append(v)
+        self.counts["dedup_removed"] += removed
+        return removed
+
     # -- state (caller holds the writer lock; persist.py writes / reads it as JSON + .npy + ScaNN folders) -------
     def state_dict(self) -> dict:
         """Everything the bank holds, as copies: ``entries`` (dicts of every :class:`Entry` field, uid order),
-        ``embeddings`` ``[N, D]`` float32 (row i = entries[i]), ``next_uid``, ``counts``, ``op_log`` and
+        ``embeddings`` ``[N, D]`` float32 (row i = entries[i]), ``next_uid``, ``next_call``, ``counts``, ``op_log`` and
         ``partitions`` (``[{"task_id", "built": BuiltIndex | None}]``, sorted: the published searchers)."""
         entries = list(self.entries.values())
         emb = np.stack([self.vector(e.uid) for e in entries]) if entries else np.zeros((0, self.dim))
@@ -334,6 +385,7 @@ class ExperienceBank:
             "entries": [dataclasses.asdict(e) for e in entries],
             "embeddings": emb.astype(np.float32),
             "next_uid": self.next_uid,
+            "next_call": self.next_call,
             "counts": dict(self.counts),
             "op_log": [dict(r) for r in self.op_log],
             "partitions": [{"task_id": t, "built": ix.built} for t, ix in sorted(self.indexes.items())],
@@ -361,6 +413,8 @@ class ExperienceBank:
             if built.get(task_id) is not None:
                 ix.set_built(built[task_id])
         self.next_uid = int(state["next_uid"])
+        # stores from before call ids: the next call after any recorded one
+        self.next_call = int(state.get("next_call", max([e.call + 1 for e in entries], default=0)))
         self.counts = collections.Counter(state["counts"])
         self.op_log = list(state["op_log"])
 
@@ -407,6 +461,7 @@ class ExperienceBank:
                     kind=rec["kind"],
                     tokens=rec.get("tokens"),
                     evict=False,  # evictions are replayed from their own "remove" records, in logged order
+                    call=rec.get("call"),
                 )
             elif op == "remove":
                 if rec["uid"] not in self.entries:

@@ -1,12 +1,15 @@
 """Extractor training buffer B_phi (SPEC §3, Eq. 7).
 
-A sample is an extractor call (prompt, response) keyed by what it produced: ``"entry:<uid>"`` for a bank entry,
-``"refine:<n>"`` for a search-and-ask answer. Every guided trajectory that used the entry adds r = +1 (success) or -1
-(failure) to the *same* sample, whose reward is the mean; a sample keeps accumulating while it waits. While the buffer
-holds ``batch_size`` samples the oldest ``batch_size`` are popped (FIFO by first reward; the trainer pops every full
-batch, one extractor update each), advantages are ``r_i - mean(r)`` over the batch, multiplied by the count-aware
-weight of Eq. 7. ``t`` counts extractor updates (the update the batch is for), ``t_last`` is the update that last
-trained the sample's entry and ``c_train`` how many updates have::
+A sample is one extractor call (prompt, response), keyed by the call: ``"call:<id>"`` for a distillation, merge or
+seed call (every entry that call wrote shares it: one call is one sample, as the released code keys samples by
+``request_id``), ``"refine:<n>"`` for a search-and-ask answer, ``"entry:<uid>"`` for an entry of a store from before
+call ids. Every guided trajectory that used any of the call's entries adds r = +1 (success) or -1 (failure) to the
+*same* sample, once per trajectory, whose reward is the mean; a sample keeps accumulating while it waits. While the
+buffer holds ``batch_size`` samples the oldest ``batch_size`` are popped (FIFO by first reward; the trainer pops
+every full batch, one extractor update each); the update's advantages are ``r_i - mean(r)`` over the batch, times
+the count-aware weight of Eq. 7. ``t`` is the trainer (pipeline) step of the update, ``t_last`` the step of the
+update that last trained the sample and ``c_train`` how many updates have (the released code's ``global_step`` /
+``last_trained_step``, ``roll/pipeline/agentic/multi_agentic_pipeline.py``, ``_build_memory_batch_from_buffer_entries``)::
 
     w(m) = 1                                                      never trained
            0                                                      if t - t_last < delta            (cooldown)
@@ -14,12 +17,14 @@ trained the sample's entry and ``c_train`` how many updates have::
 
 The paper: the reweighting "discounts experiences according to cumulative training count and recency, while
 cooldown suppresses repeated short-window updates". The count factor is the released code's; the recency factor
-grows back towards 1 as the entry rests (``tau``, in extractor updates; ``tau = 0`` drops it, i.e. count only).
-With ``delta = 1`` (default) the cooldown only forbids training one sample twice in one update, which the FIFO
-already guarantees; ``delta >= 2`` makes an entry sit out whole updates.
+grows back towards 1 as the sample rests (``tau``, in trainer steps; ``tau = 0`` drops it, i.e. count only).
+With ``delta = 1`` (default, the released MiniHack config) a sample trained earlier in the same step sits out. The
+trainer records every outcome of a step before its first pop, so a popped sample can only come back in a later step
+and ``delta = 1`` never silences one there (nor in the released pipeline, one update per step); ``delta >= 2``
+makes a sample sit out whole steps.
 
 After the update the caller reports it with :meth:`ExtractorBuffer.trained_keys` (the samples with ``w > 0``), and
-the manager bumps ``c_train`` / sets ``t_last`` on the bank entries.
+the manager bumps ``c_train`` / sets ``t_last`` on the bank entries of those samples.
 """
 
 from __future__ import annotations
@@ -49,22 +54,22 @@ class Sample:
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
     batch_size: int = 64
-    cooldown: int = 1  # delta of Eq. 7, in extractor updates
+    cooldown: int = 1  # delta of Eq. 7, in trainer steps
     alpha: float = 0.5
-    recency_tau: float = 2.0  # recency factor of Eq. 7, in extractor updates (0 = count factor only)
+    recency_tau: float = 2.0  # recency factor of Eq. 7, in trainer steps (0 = count factor only)
 
 
 @dataclasses.dataclass
 class ExtractorBatch:
-    """One popped batch. Arrays are [B]; ``advantages`` already include the Eq. 7 weights; ``step`` is the
-    extractor update (t) it is for; ``tokens[i]`` is sample i's token record or None."""
+    """One popped batch. Arrays are [B]; ``weights`` are Eq. 7's (the update's loss applies them to
+    ``rl.advantages.extractor_advantages(rewards)``); ``step`` is the trainer step (t) of its update; ``tokens[i]``
+    is sample i's token record or None."""
 
     keys: list[str]
     prompts: list[str]
     responses: list[str]
     rewards: np.ndarray
     weights: np.ndarray
-    advantages: np.ndarray
     step: int
     tokens: list = dataclasses.field(default_factory=list)
 
@@ -72,8 +77,8 @@ class ExtractorBatch:
 def count_aware_weights(
     train_counts, last_trained, step: int, cooldown: int, alpha: float, recency_tau: float = 0.0
 ) -> np.ndarray:
-    """Eq. 7 weights [B] float32 for extractor update ``step`` (t); ``last_trained`` entries are the update that
-    last trained each sample (None = never: weight 1)."""
+    """Eq. 7 weights [B] float32 for an update in trainer step ``step`` (t); ``last_trained`` entries are the step
+    of the update that last trained each sample (None = never: weight 1)."""
     from comprl_jax.rl.advantages import (
         count_aware_weight,  # the formula lives once, beside the other advantages
     )
@@ -81,12 +86,6 @@ def count_aware_weights(
     since = np.array([np.inf if t is None else step - t for t in last_trained], np.float32)
     w = count_aware_weight(np.asarray(train_counts, np.float32), since, alpha, cooldown, recency_tau)
     return np.asarray(w, np.float32).reshape(len(since))
-
-
-def batch_advantages(rewards: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Â_i = w_i * (r_i - mean_j r_j), [B] float32 (no std normalisation, SPEC §3)."""
-    rewards = np.asarray(rewards, np.float64)
-    return (np.asarray(weights, np.float64) * (rewards - rewards.mean())).astype(np.float32)
 
 
 class ExtractorBuffer:
@@ -126,8 +125,8 @@ class ExtractorBuffer:
         return True
 
     def pop_batch(self, step: int) -> ExtractorBatch | None:
-        """Pops the oldest ``batch_size`` samples for extractor update ``step`` when enough are waiting, else
-        returns None."""
+        """Pops the oldest ``batch_size`` samples for an update in trainer step ``step`` when enough are waiting,
+        else returns None."""
         b = self.cfg.batch_size
         if len(self.samples) < b:
             return None
@@ -148,7 +147,6 @@ class ExtractorBuffer:
             [s.response for s in popped],
             rewards,
             weights,
-            batch_advantages(rewards, weights),
             int(step),
             [s.tokens for s in popped],
         )

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from comprl_jax.experience import merge as merge_lib
-from comprl_jax.experience.bank import ApplyResult, BankConfig, ExperienceBank
+from comprl_jax.experience.bank import ApplyResult, BankConfig, Entry, ExperienceBank
 from comprl_jax.experience.buffer import BufferConfig, ExtractorBatch, ExtractorBuffer
 from comprl_jax.experience.ops import distill_prompt, parse_ops, parse_refine, refine_prompt
 from comprl_jax.experience.retrieval import EmbedCache, RetrievalConfig, diversify, format_experience
@@ -267,6 +267,14 @@ class ExperienceManager:
             self.counts["merge_passes"] += 1
         return stats
 
+    def dedup(self, threshold: float) -> int:
+        """One deduplication pass over the whole bank (:meth:`ExperienceBank.dedup`); the number removed."""
+        with self.lock.write():
+            n = self.bank.dedup(threshold)
+            self.counts["dedup_passes"] += 1
+            self.counts["dedup_removed"] += n
+        return n
+
     def refine(self, question: str, situation: str, task_id: str) -> tuple[str | None, str, list[int]]:
         """Search & ask: retrieve for ``question``, let the extractor rewrite the hit for the situation.
 
@@ -305,14 +313,25 @@ class ExperienceManager:
         return out
 
     # -- extractor training buffer -----------------------------------------------------------------
-    def record_outcome(self, uids: Sequence[int], success: bool, bonus: float = 0.0) -> None:
-        """One guided trajectory that used ``uids`` finished: r = +1 on success, -1 on failure for each entry,
-        plus ``bonus`` (the actor-critic score s of SPEC §7: the reward becomes s + r)."""
-        r = (1.0 if success else -1.0) + float(bonus)
+    def record_outcome(
+        self, uids: Sequence[int], success: bool, bonus: float = 0.0, guided: bool = True
+    ) -> None:
+        """One guided trajectory that used ``uids`` finished: r = +1 on success, -1 on failure, plus ``bonus`` (the
+        actor-critic score s of SPEC §7: the reward becomes s + r), once for each extractor call that wrote any of
+        the entries (one call is one sample, SPEC §3: a trajectory guided by two entries of one call counts once).
+        ``guided=False``: the actor-critic rejected the entries and the episode ran without them, so they get s
+        alone (no r from an episode they did not guide)."""
+        r = ((1.0 if success else -1.0) if guided else 0.0) + float(bonus)
         with self.lock.write():
+            samples: dict[str, Entry | None] = {}
             for u in dict.fromkeys(int(x) for x in uids):
-                key = f"entry:{u}"
                 e = self.bank.entries.get(u)
+                # An entry gone since retrieval (none in the synchronous step: nothing mutates the bank between
+                # the rollout's retrievals and this) keeps only a sample already waiting under its own key.
+                key = ExperienceBank.sample_key(e) if e is not None else f"entry:{u}"
+                if samples.get(key) is None:
+                    samples[key] = e
+            for key, e in samples.items():
                 if key in self.buffer.samples:
                     self.buffer.add_reward(key, r)
                 elif e is not None and e.prompt:
@@ -333,15 +352,18 @@ class ExperienceManager:
                 raise KeyError(f"unknown refine sample key {key!r}")
 
     def pop_extractor_batch(self, step: int) -> ExtractorBatch | None:
-        """The next full batch for extractor update ``step`` (Eq. 7's t, counted in extractor updates), or None."""
+        """The next full batch for an extractor update in trainer step ``step`` (Eq. 7's t, counted in trainer
+        steps as the released code's ``global_step``), or None."""
         with self.lock.write():
             return self.buffer.pop_batch(step)
 
     def mark_trained(self, batch: ExtractorBatch, step: int) -> None:
-        """After extractor update ``step`` on ``batch``: bump c_train, set t_last (w > 0 only)."""
+        """After an extractor update in trainer step ``step`` on ``batch``: bump c_train and set t_last on every
+        live entry of each sample with w > 0 (all entries of one call alike)."""
         keys = ExtractorBuffer.trained_keys(batch)
         with self.lock.write():
-            self.bank.mark_trained([int(k.split(":")[1]) for k in keys if k.startswith("entry:")], step)
+            uids = [u for k in keys if not k.startswith("refine:") for u in self.bank.uids_of_sample(k)]
+            self.bank.mark_trained(sorted(uids), step)
 
     # -- misc --------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -102,6 +102,7 @@ def merge_bank(
                     if u in bank.entries:
                         bank.remove(u, "merge")
                         stats["removed"] += 1
+                call = bank.new_call()  # the merge call is one training sample for every entry it wrote
                 added = [
                     bank.add(
                         t,
@@ -113,6 +114,7 @@ def merge_bank(
                         response=response,
                         kind="merge",
                         tokens=record_of(gen),
+                        call=call,
                     )
                     for text, kt, v in zip(items, key_texts, vecs, strict=True)
                 ]

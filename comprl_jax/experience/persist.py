@@ -2,7 +2,7 @@
 
 Layout of a store directory (format ``comprl_jax.experience/1``)::
 
-    meta.json        format, dim, configs, next uid, counters, RNG state (numpy PCG64 state dict), refine samples,
+    meta.json        format, dim, configs, next uid and call id, counters, RNG state (numpy PCG64 state dict), refine samples,
                      and per partition (key: a task id, or the shared partition) the published ScaNN index (its
                      subdirectory, or null for exact search)
     entries.json     list of entries (every field of bank.Entry), in uid order
@@ -71,6 +71,7 @@ def save_manager(mgr, path: str) -> None:
             "format": FORMAT,
             "dim": state["dim"],
             "next_uid": bank["next_uid"],
+            "next_call": bank["next_call"],
             "bank_counts": bank["counts"],
             "manager_counts": state["counts"],
             "rng_state": state["rng_state"],
@@ -124,6 +125,7 @@ def read_state(path: str) -> dict:
             "entries": entries,
             "embeddings": emb,
             "next_uid": meta["next_uid"],
+            **({"next_call": meta["next_call"]} if "next_call" in meta else {}),  # absent before call ids
             "counts": meta["bank_counts"],
             "op_log": read_json(os.path.join(path, "oplog.jsonl"), lines=True),
             "partitions": partitions,

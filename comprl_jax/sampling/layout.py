@@ -163,13 +163,17 @@ def rollout_layout(
 class RefreshTimer:
     """Seconds the device spent on one refresh: from the update's outputs being ready (``updated``: e.g. its
     metrics, which are never donated, unlike the state) to the copy being ready, measured by a watcher thread (a
-    wait, not a dispatch), so the caller's async dispatch is kept."""
+    wait, not a dispatch), so the caller's async dispatch is kept. ``no_copy``: the layout samples from the state
+    itself (0 s)."""
 
-    def __init__(self, updated, copy):
+    def __init__(self, updated, copy, *, no_copy: bool = False):
         self._seconds: float | None = None
 
         def watch():
             jax.block_until_ready(updated)
+            if no_copy:  # the sampler reads the state itself; the next update may donate it under our feet
+                self._seconds = 0.0
+                return
             t0 = time.perf_counter()
             jax.block_until_ready(copy)
             self._seconds = time.perf_counter() - t0
