@@ -90,8 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.method = "complementary"
 
     c.env = ml_collections.ConfigDict()
-    # Multi-task: several ids, one bank partition each.
+    # The env ids (a mixture: several; config.apply_tasks sets them with the caps below, backend and steps).
     c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
+    # Caps on every env's own limits (envs.registry.Limits, SPEC §9): an env plays min(its own, cap) env actions,
+    # tokens per turn (actor.sampling.max_new_tokens) and context (rollout.max_context).
     c.env.max_turns = 30
     c.env.backend = "thread"  # "thread" | "process" (GIL-bound TextWorld/ALFWorld)
     c.env.workers = 8
@@ -103,7 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict()
     c.rollout.tasks_per_step = 16  # x group_size = rollout batch 128
     c.rollout.group_size = 8  # K: K/2 guided + K/2 free
-    c.rollout.max_context = 32768  # actor max sequence length
+    c.rollout.max_context = 32768  # actor max sequence length (a cap: each env's own context under it)
     # Episodes played at once (0 = the whole step); must divide the step's episodes
     c.rollout.rows_per_wave = 0
     # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/slot_rollout.py);
@@ -451,6 +453,43 @@ TASKS6 = TASKS3 + (
 )
 
 
+# Training steps (SPEC §9): each single task's own, 128 for a mixture.
+SINGLE_TASK_STEPS = {
+    "comprl/MiniHack-Room-Ultimate-5x5-v0": 145,
+    "comprl/WebShop-v0": 256,
+    "comprl/ALFWorld-v0": 128,
+}
+MIXTURE_STEPS = 128
+
+
+def apply_tasks(c: ml_collections.ConfigDict, tasks) -> ml_collections.ConfigDict:
+    """The task setting, one definition for every experiment (single task, Table 1, task scaling, capacity), so
+    that a study's arms differ only in what the study varies (tests/test_launch_recipes.py diffs them):
+
+    * ``env.tasks``; each env plays at its own limits (SPEC §9, ``envs.registry.Limits``: 30 turns / 4,096 tokens /
+      32,768 context; ALFWorld 40 / 2,048 / 16,384; WebShop 16,384 context) under run-wide caps set to the widest of
+      the mixture (``env.max_turns``, ``actor.sampling.max_new_tokens``, ``rollout.max_context``: what the sampler
+      and the update are sized for; a :tiny scale lowers them for every env);
+    * ``rollout.tasks_per_step`` 16 per env (x K = 8: 128 rollouts per task, 384 for three);
+    * the env pool's backend: processes for a mixture and for ALFWorld (GIL-bound resets), threads otherwise;
+    * ``train.steps``: the single task's own (MiniHack Room 145, WebShop 256, ALFWorld 128), 128 for a mixture.
+    """
+    from comprl_jax.envs import registry
+
+    tasks = tuple(tasks)
+    c.env.tasks = tasks
+    w = registry.widest(tasks)
+    c.env.max_turns, c.actor.sampling.max_new_tokens, c.rollout.max_context = (
+        w.max_turns,
+        w.turn_tokens,
+        w.context,
+    )
+    c.env.backend = "process" if len(tasks) > 1 or "comprl/ALFWorld-v0" in tasks else "thread"
+    c.rollout.tasks_per_step = 16
+    c.train.steps = SINGLE_TASK_STEPS.get(tasks[0], MIXTURE_STEPS) if len(tasks) == 1 else MIXTURE_STEPS
+    return c
+
+
 def parse_variant(arg: str | None) -> tuple[str, str | None, dict[str, str]]:
     """``"tiny"`` / ``"tiny,baseline"`` / ``"smollm,static_online"`` / ``""`` -> (scale, method or None, extras).
 
@@ -506,7 +545,9 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.extractor.max_context = 2048
         c.extractor.max_entry_chars = 200
         c.extractor.transcript_chars = 600
-        c.env.max_turns = min(c.env.max_turns, 10)  # ~80 tokens per turn with the tiny BPE vocabulary
+        c.env.max_turns = min(
+            c.env.max_turns, 10
+        )  # caps every env: ~80 tokens per turn with the tiny vocabulary
         c.env.workers = 2
         c.train.steps = 30
         c.train.eval_tasks = 8

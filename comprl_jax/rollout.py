@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -52,6 +52,16 @@ class EpisodeSpec:
     entry_uids: tuple = ()  # bank entries shown to this episode
     can_ask: bool = False  # search & ask available (SPEC §5: guided episodes by default)
     critic_score: float | None = None  # actor-critic judgement s of the retrieved entry (SPEC §7), if any
+    # the env's own limits under the run's caps (envs.registry.capped): tokens per reply and the episode's context;
+    # 0 = the engine call's sp.max_new_tokens / max_len
+    turn_tokens: int = 0
+    context: int = 0
+
+    def max_new(self, sp) -> int:
+        return min(self.turn_tokens or sp.max_new_tokens, sp.max_new_tokens)
+
+    def max_len(self, max_len: int) -> int:
+        return min(self.context or max_len, max_len)
 
 
 @dataclasses.dataclass
@@ -111,18 +121,20 @@ class Pools:
         slots_per_env: int,
         workers: int,
         backend: str,
-        max_turns: int,
+        max_turns: int | Mapping[str, int],
         timeout_s: float,
         env_kwargs: dict | None = None,
     ):
-        """``env_kwargs``: extra constructor arguments of every env (e.g. ``{"split": "valid_unseen"}``)."""
+        """``max_turns``: one value for every env, or one per env id; ``env_kwargs``: extra constructor arguments of
+        every env (e.g. ``{"split": "valid_unseen"}``)."""
         from comprl_jax.envs import registry
 
         self.pools: dict[str, EnvPool] = {}
         self.system_prompts: dict[str, str] = {}
         self.action_spaces: dict[str, tuple[tuple[str, ...] | None, str | None]] = {}
-        kwargs = {"max_turns": max_turns, **(env_kwargs or {})}
         for env_id in env_ids:
+            turns = max_turns[env_id] if isinstance(max_turns, Mapping) else max_turns
+            kwargs = {"max_turns": int(turns), **(env_kwargs or {})}
             self.pools[env_id] = EnvPool(
                 env_id,
                 slots_per_env,
@@ -363,21 +375,25 @@ def run_episodes(
             break
         for b, e in enumerate(eps):
             # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
-            if e.live and len(conv.ids[b]) + len(e.pending) + sp.max_new_tokens > max_len:
+            if e.live and len(conv.ids[b]) + len(e.pending) + e.spec.max_new(sp) > e.spec.max_len(max_len):
                 e.live, e.context_full = False, True
         t0 = time.perf_counter()
         # One jitted call per (env id, may ask) group present (constraints differ); usually a single call.
         replies: list[str] = [""] * B
         reply_len = [0] * B
-        groups = sorted({(e.spec.task.env_id, can_ask(e)) for e in eps if e.live})
-        for env_id, asking in groups:
+        groups = sorted({(e.spec.task.env_id, can_ask(e), e.spec.max_new(sp)) for e in eps if e.live})
+        for env_id, asking, max_new in groups:
             rows = [
-                e.pending if e.live and (e.spec.task.env_id, can_ask(e)) == (env_id, asking) else None
+                e.pending
+                if e.live
+                and (e.spec.task.env_id, can_ask(e), e.spec.max_new(sp)) == (env_id, asking, max_new)
+                else None
                 for e in eps
             ]
             constraint = constraint_for(env_id, asking) if constraint_for else None
             ids = [(b, replies_so_far[b]) for b in range(B)]
-            res = conv.turn(rows, key, sp, stop_strings=stop_strings, constraint=constraint, key_ids=ids)
+            g_sp = sp if max_new == sp.max_new_tokens else dataclasses.replace(sp, max_new_tokens=max_new)
+            res = conv.turn(rows, key, g_sp, stop_strings=stop_strings, constraint=constraint, key_ids=ids)
             for b, r in enumerate(rows):
                 if r is not None:
                     replies_so_far[b] += 1

@@ -154,13 +154,13 @@ def run_episodes_continuous(
         if rounds[b] >= max_rounds:
             e.live = False
             return None
-        if len(ctx[b].ids) + len(e.pending) + sp.max_new_tokens > max_len:
+        if len(ctx[b].ids) + len(e.pending) + e.spec.max_new(sp) > e.spec.max_len(max_len):
             # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
             e.live, e.context_full = False, True
             return None
         row = ctx[b].feed(e.pending)
         return Entry(
-            -1, row, False, sp.max_new_tokens, (b, rounds[b]), start_of[(e.spec.task.env_id, can_ask(e))]
+            -1, row, False, e.spec.max_new(sp), (b, rounds[b]), start_of[(e.spec.task.env_id, can_ask(e))]
         )
 
     replies: dict[int, str] = {}

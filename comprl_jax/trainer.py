@@ -41,6 +41,7 @@ from comprl_jax import distributed as dist
 from comprl_jax import evaluation, roles
 from comprl_jax import metrics as mlib
 from comprl_jax.checkpoint import RunCheckpointer
+from comprl_jax.envs import registry
 from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.extractor_track import ExtractorTrack
 from comprl_jax.model_zoo import TINY_SPECS, load_model, tiny_tokenizer
@@ -91,8 +92,17 @@ class Trainer:
         self.tasks = TaskSampler(cfg.env.tasks, cfg.rollout.tasks_per_step, cfg.seed)
         K = cfg.rollout.group_size
         slots = cfg.rollout.tasks_per_step * K
+        # Each env plays at its own limits (SPEC §9) under the run's caps (env.max_turns,
+        # actor.sampling.max_new_tokens, rollout.max_context): a mixture's ALFWorld keeps its 40 turns of 2,048 tokens.
+        self.limits = {
+            e: registry.capped(
+                e, cfg.env.max_turns, cfg.actor.sampling.max_new_tokens, cfg.rollout.max_context
+            )
+            for e in cfg.env.tasks
+        }
+        turns = {e: lim.max_turns for e, lim in self.limits.items()}
         self.pools = Pools(
-            cfg.env.tasks, slots, cfg.env.workers, cfg.env.backend, cfg.env.max_turns, cfg.env.step_timeout_s
+            cfg.env.tasks, slots, cfg.env.workers, cfg.env.backend, turns, cfg.env.step_timeout_s
         )
         self._eval_pools: dict[str | None, Pools] = {}
         # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
@@ -331,7 +341,10 @@ class Trainer:
             for k in range(K // 2 if eval_mode else K):
                 g = guided and (eval_mode or k < K // 2)
                 ask = self.search_ask and (g or (not r.search_and_ask_guided_only and not eval_mode))
-                specs.append(EpisodeSpec(t, k, g, can_ask=ask))
+                lim = self.limits[t.env_id]
+                specs.append(
+                    EpisodeSpec(t, k, g, can_ask=ask, turn_tokens=lim.turn_tokens, context=lim.context)
+                )
         return specs
 
     def rollout(self, tasks, *, guided_ok: bool, step: int, key) -> tuple[list, dict]:
@@ -651,7 +664,7 @@ class Trainer:
                 slots,
                 cfg.env.workers,
                 cfg.env.backend,
-                cfg.env.max_turns,
+                {e: self.limits[e].max_turns for e in envs},
                 cfg.env.step_timeout_s,
                 env_kwargs=None if split is None else {"split": split},
             )

@@ -5,16 +5,11 @@ Launch: python launch/train.py --config=configs/alfworld.py --workdir=runs/alfwo
 Tiny CPU variant: python launch/train.py --config=configs/alfworld.py:tiny --workdir=runs/alfworld_tiny
 """
 
-from comprl_jax.config import build
+from comprl_jax.config import apply_tasks, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = ("comprl/ALFWorld-v0",)
-        c.env.max_turns = 40
-        c.env.backend = "process"
-        c.actor.sampling.max_new_tokens = 2048
-        c.rollout.max_context = 16384
-        c.train.steps = 128
+        apply_tasks(c, ("comprl/ALFWorld-v0",))  # 128 steps, its own limits, process backend
 
     return build(arg, "alfworld", edit)

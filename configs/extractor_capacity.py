@@ -23,6 +23,7 @@ from comprl_jax.config import (
     TASKS3,
     apply_method,
     apply_scale,
+    apply_tasks,
     base_config,
     finalize,
     parse_variant,
@@ -37,10 +38,8 @@ def get_config(arg: str | None = None):
     scale, method, _ = parse_variant(arg)
     c = base_config()
     c.experiment = "extractor_capacity"
-    c.env.tasks = TASKS3
-    c.env.backend = "process"
+    apply_tasks(c, TASKS3)  # Table 1's mixture: only the extractor differs from multitask3
     c.extractor.model = PAPER_EXTRACTOR
-    c.train.steps = 128
     apply_scale(c, scale)
     if scale == "tiny":
         c.extractor.model = TINY_EXTRACTOR

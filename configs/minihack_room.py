@@ -26,12 +26,11 @@ and extractor, constrained decoding for actions and ops, sizes for one GPU (16 t
   -> ~130 s a step here (rollout 84 s, update 46 s; 252 s with every layer training and a separate pi_old pass)
 """
 
-from comprl_jax.config import build
+from comprl_jax.config import TASKS1, apply_tasks, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
-        c.train.steps = 145
+        apply_tasks(c, TASKS1)  # 145 steps, 30 turns of 4,096 tokens, 32,768 context
 
     return build(arg, "minihack_room", edit)

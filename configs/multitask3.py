@@ -1,21 +1,19 @@
-"""Multi-task, 3 tasks (paper Table 1): MiniHack Room + WebShop + ALFWorld, 128 tasks per env per step,
-one bank partition per task, 128 steps.
+"""Multi-task, 3 tasks (paper Table 1): MiniHack Room + WebShop + ALFWorld, 128 rollouts per env per step, one
+shared bank (experience transfers across tasks), 128 steps; each env at its own limits (ALFWorld 40 turns of 2,048
+tokens in 16,384; WebShop 30 turns in 16,384; MiniHack 30 turns in 32,768): config.apply_tasks, the one mixture
+definition task_scaling.py and extractor_capacity.py use too.
 
 Launch: python launch/train.py --config=configs/multitask3.py --workdir=runs/mt3
 Tiny CPU variant: python launch/train.py --config=configs/multitask3.py:tiny --workdir=runs/mt3_tiny
 Table 1: python launch/make_tables.py --runs=runs/mt3,runs/mt3_baseline,...
 """
 
-from comprl_jax.config import TASKS3, build
+from comprl_jax.config import TASKS3, apply_tasks, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = TASKS3
-        c.env.backend = "process"
-        c.rollout.tasks_per_step = 16  # x K=8 = 128 rollouts per task
-        c.rollout.max_context = 16384
-        c.train.steps = 128
+        apply_tasks(c, TASKS3)
 
     c = build(arg, "multitask3", edit)
     return c

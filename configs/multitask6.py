@@ -5,15 +5,11 @@ Launch: python launch/train.py --config=configs/multitask6.py --workdir=runs/mt6
 Tiny CPU variant: python launch/train.py --config=configs/multitask6.py:tiny --workdir=runs/mt6_tiny
 """
 
-from comprl_jax.config import TASKS6, build
+from comprl_jax.config import TASKS6, apply_tasks, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = TASKS6
-        c.env.backend = "process"
-        c.rollout.tasks_per_step = 16
-        c.rollout.max_context = 16384
-        c.train.steps = 128
+        apply_tasks(c, TASKS6)  # the mixture setting of config.apply_tasks
 
     return build(arg, "multitask6", edit)

@@ -4,7 +4,7 @@ Launch: python launch/train.py --config=configs/task_scaling.py:tasks=3 --workdi
 Tiny CPU variant: python launch/train.py --config=configs/task_scaling.py:tiny,tasks=3 --workdir=runs/scale3_tiny
 """
 
-from comprl_jax.config import TASKS1, TASKS3, TASKS6, build
+from comprl_jax.config import TASKS1, TASKS3, TASKS6, apply_tasks, build
 
 _MIXTURES = {"1": TASKS1, "3": TASKS3, "6": TASKS6}
 
@@ -14,8 +14,6 @@ def get_config(arg: str | None = None):
         n = extras.get("tasks", "3")
         if n not in _MIXTURES:
             raise ValueError(f"config variant tasks={n!r}: choose one of {sorted(_MIXTURES)}")
-        c.env.tasks = _MIXTURES[n]
-        c.env.backend = "process" if n != "1" else "thread"
-        c.train.steps = 128
+        apply_tasks(c, _MIXTURES[n])  # tasks=1 is MiniHack Room's single-task setting (145 steps)
 
     return build(arg, "task_scaling", edit)

@@ -4,14 +4,11 @@ Launch: python launch/train.py --config=configs/webshop.py --workdir=runs/websho
 Tiny CPU variant: python launch/train.py --config=configs/webshop.py:tiny --workdir=runs/webshop_tiny
 """
 
-from comprl_jax.config import build
+from comprl_jax.config import apply_tasks, build
 
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        c.env.tasks = ("comprl/WebShop-v0",)
-        c.env.max_turns = 30
-        c.rollout.max_context = 16384
-        c.train.steps = 256
+        apply_tasks(c, ("comprl/WebShop-v0",))  # 256 steps, 30 turns, 16,384 context
 
     return build(arg, "webshop", edit)

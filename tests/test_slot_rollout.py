@@ -202,13 +202,15 @@ def trainer(tmp_path_factory):
     tr.close()
 
 
-def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1):
+def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1, turn_tokens=None):
     from comprl_jax.rollout import reset_all, run_episodes
     from comprl_jax.slot_rollout import run_episodes_continuous
 
     specs = tr.episode_specs(tr.tasks.next(), guided=True)
-    for s in specs:
+    for i, s in enumerate(specs):
         s.can_ask = ask is not None and s.guided
+        if turn_tokens is not None:
+            s.turn_tokens = turn_tokens[i % len(turn_tokens)]
     kw = dict(max_turns=4, max_len=2048, constraint_for=constraint_for or tr._constraint, ask=ask, ask_max=2)
     args = (tr.actor.sampler, tr.actor.model.tokenizer, sp, jax.random.key(1))
     lock, _ = run_episodes(tr.pools, specs, reset_all(tr.pools, specs), *args, **kw)
@@ -249,6 +251,27 @@ def test_continuous_rollout_equals_lockstep(trainer, slots, greedy, env_lag):
         assert timing["parked"] > 0  # the parking path ran
     if not greedy:
         assert len({tuple(t.tokens) for t in cont}) > 2  # sampling: the group's episodes differ
+
+
+def test_per_episode_turn_tokens_bound_each_reply_in_both_engines(trainer):
+    """A mixture's envs keep their own tokens per turn (EpisodeSpec.turn_tokens, envs.registry.Limits): episodes
+    capped at 2 tokens never sample more per reply, the others keep the run's cap, and both engines agree."""
+    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
+    lock, cont, _ = _both(trainer, sp, 3, turn_tokens=[2, 0])
+
+    def replies(t):  # lengths of the runs of sampled tokens
+        runs, n = [], 0
+        for m in t.loss_mask + [0]:
+            if m:
+                n += 1
+            elif n:
+                runs.append(n)
+                n = 0
+        return runs
+
+    _same(lock, cont)
+    assert all(max(replies(t)) <= 2 for t in cont if t.spec.turn_tokens == 2)
+    assert max(max(replies(t)) for t in cont if t.spec.turn_tokens == 0) > 2
 
 
 @pytest.mark.slow

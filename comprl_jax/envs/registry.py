@@ -16,6 +16,10 @@ held-out tasks), and what a failed episode scores:
   draws seeds from ``[0, 2^30)`` and evaluation from ``[2^30, 2^31)`` (:class:`comprl_jax.tasks.TaskSampler`).
 * ``levels="fixed"``: one level whatever the seed (MiniHack Room-5x5): there is no held-out task, and its
   evaluation says so (split ``"train (one fixed level)"``).
+
+And its episode limits (:class:`Limits`, SPEC §9): 30 turns of up to 4,096 tokens in a 32,768-token context, except
+ALFWorld (40 turns of 2,048 tokens, 16,384 context) and WebShop (16,384 context). A mixture plays each env at its own
+limits under run-wide caps (:func:`widest`, :func:`capped`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ from comprl_jax.envs.base import TextEnv
 
 LEVELS = ("seeded", "fixed", "split")
 FIXED_SPLIT = "train (one fixed level)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """An env's episode limits (SPEC §9, the paper's and the released code's): env actions per episode, tokens per
+    actor turn, the actor's context. A run caps them with ``env.max_turns``, ``actor.sampling.max_new_tokens``
+    and ``rollout.max_context`` (:func:`capped`)."""
+
+    max_turns: int = 30
+    turn_tokens: int = 4096
+    context: int = 32768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +59,7 @@ class EnvSpec:
     # tasks in each held-out split (seeds wrap around past it: evaluation never plays more); checked against the
     # data by tests/test_envs_alfworld.py and tests/test_envs_webshop.py
     eval_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
+    limits: Limits = Limits()
 
     def __post_init__(self):
         if self.levels not in LEVELS:
@@ -71,6 +87,7 @@ def register(
     eval_splits: tuple[str, ...] = (),
     failure_reward: float = 0.0,
     eval_sizes: dict[str, int] | None = None,
+    limits: Limits = Limits(),
     **kwargs: Any,
 ) -> EnvSpec:
     """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``; ``kwargs`` go to the constructor.
@@ -86,6 +103,7 @@ def register(
         tuple(eval_splits),
         failure_reward,
         dict(eval_sizes or {}),
+        limits,
     )
     _REGISTRY[env_id] = spec
     return spec
@@ -111,6 +129,7 @@ register(
     eval_splits=("valid_unseen", "valid_seen"),
     eval_sizes={"valid_unseen": 134, "valid_seen": 140},
     failure_reward=-1.0,
+    limits=Limits(max_turns=40, turn_tokens=2048, context=16384),
 )
 # WebShop: 6,410 training goals, 500 held-out ones (disjoint goal keys, as WebShop's own split).
 register(
@@ -120,6 +139,7 @@ register(
     train_split="train",
     eval_splits=("eval",),
     eval_sizes={"eval": 500},
+    limits=Limits(context=16384),
 )
 
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)
@@ -160,6 +180,20 @@ def failure_reward(env_id: str) -> float:
     """Reward of an unsuccessful episode of ``env_id`` (success scores 1); unknown ids score 0."""
     s = _REGISTRY.get(env_id)
     return s.failure_reward if s is not None else 0.0
+
+
+def capped(env_id: str, max_turns: int, turn_tokens: int, context: int) -> Limits:
+    """``env_id``'s own limits, each capped by the run's (``env.max_turns``, ``actor.sampling.max_new_tokens``,
+    ``rollout.max_context``; a :tiny run caps them all)."""
+    own = spec(env_id).limits
+    return Limits(min(own.max_turns, max_turns), min(own.turn_tokens, turn_tokens), min(own.context, context))
+
+
+def widest(env_ids) -> Limits:
+    """The largest of each limit over ``env_ids``: a mixture's run-wide caps (what its sampler and update are
+    sized for), under which every env keeps its own."""
+    ls = [spec(e).limits for e in env_ids]
+    return Limits(max(x.max_turns for x in ls), max(x.turn_tokens for x in ls), max(x.context for x in ls))
 
 
 def eval_size(env_id: str, split: str | None) -> int | None:
