@@ -136,6 +136,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.lr = 1e-6
     c.actor.weight_decay = 0.0
     c.actor.grad_clip = 1.0
+    # Subgroup advantages: "mean_std" (the paper's text: centred and divided by the subgroup's std) | "mean" (the
+    # released code: reward_normalization {grouping: traj_group_id_w_or_wo_memory, method: mean}, centred only)
     c.actor.adv_norm = "mean_std"
     c.actor.adv_eps = 1e-6
     # The PPO-clip loss (SPEC §2), built as rl.losses.ActorLossConfig(**c.actor.loss), which checks every value.

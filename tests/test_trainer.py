@@ -85,6 +85,11 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
 
     # Offline Exp. with the released code's distill_from="guided": the build's free rollouts are still distilled.
     over = {"extractor.distill_from": "guided"} if "offline" in variant else {}
+    # The suite's longest smokes, at 24 episodes a step (6 envs x 1 task, 3 x 2; x K = 4) and 2 eval tasks: enough
+    # for the capacity study's MoE extractor to fill its 8-sample buffer and update.
+    lighter = {"multitask6": 1, "extractor_capacity": 2}
+    if name in lighter:
+        over.update({"rollout.tasks_per_step": lighter[name], "train.eval_tasks": 2})
     c = load_config(name, variant, **over)
     out = trainer.run(c, str(tmp_path), progress=False)
     assert out["step"] == 2
