@@ -250,9 +250,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.retrieval.window_steps = 1
     c.retrieval.window_s = 300.0
 
+    # Retrieval (SPEC §5 "ExperienceManager"): a wave's queries embedded in one call (embed_workers concurrent
+    # embedding calls at most), their candidates searched in micro-batches of query_batch on search_workers threads
     c.manager = ml_collections.ConfigDict()
     c.manager.query_batch = 16
-    c.manager.t_max_ms = 1.0
     c.manager.search_workers = 4
     c.manager.embed_workers = 4
 
@@ -613,6 +614,11 @@ def _float32(c: ml_collections.ConfigDict) -> None:
 
 
 # Keys renamed since older run directories wrote their config.json: old dotted key -> current dotted key.
+# Keys that no longer exist, dropped from a saved config: manager.t_max_ms (the paper's 1 ms micro-batch wait) was
+# read only by the threaded serving manager; training searches a whole wave's queries in one call, where a time bound
+# has nothing to wait for (ThreadedExperienceManager keeps its t_max_s argument).
+REMOVED_KEYS = ("manager.t_max_ms",)
+
 RENAMED_KEYS = {
     "actor.clip_eps": "actor.loss.clip_eps",
     "actor.ratio": "actor.loss.ratio",
@@ -651,12 +657,16 @@ def _parent(tree: dict, dotted: str) -> tuple[dict | None, str]:
 
 
 def upgrade_saved(tree: dict) -> dict:
-    """A saved config tree (a run's ``config.json``) with :data:`RENAMED_KEYS` moved to their current place and
-    :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and evaluates without a
+    """A saved config tree (a run's ``config.json``) with :data:`REMOVED_KEYS` dropped, :data:`RENAMED_KEYS` moved
+    to their current place and :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and evaluates without a
     spurious config change."""
     import copy
 
     tree = copy.deepcopy(tree)
+    for key in REMOVED_KEYS:
+        node, leaf = _parent(tree, key)
+        if node is not None:
+            node.pop(leaf, None)
     for key, value in ADDED_KEYS.items():
         node, leaf = _parent(tree, key)
         if node is not None:

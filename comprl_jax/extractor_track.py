@@ -77,9 +77,13 @@ class ExtractorTrack:
         c = self.c = config
         self.sampler, self.tokenizer, self.seed = sampler, tokenizer, seed
         self.calls = 0  # extractor generation calls so far (keys are derived from it)
-        self.version = 0  # extractor updates applied to the sampler's weights (staleness of samples)
+        self.version = 0  # extractor updates dispatched (the trained weights' version)
+        # the version the sampler's copy holds: behind ``version`` while an update's refresh is deferred (the
+        # sampler answers search & ask with the weights before it); generations are labelled with it
+        self.sampler_version = 0
         self._now = 0.0
-        self.search_ms: list[float] = []
+        self.search_ms: list[float] = []  # per retrieval batch (episode starts)
+        self.ask_ms: list[float] = []  # per search & ask call (retrieval + the extractor's answer)
         self.inline = multi_process
         index = IndexConfig(scann_min_size=2**62, background=False) if self.inline else IndexConfig()
         self.mgr = ExperienceManager(
@@ -109,7 +113,6 @@ class ExtractorTrack:
             ),
             cfg=ManagerConfig(
                 batch=c.manager.query_batch,
-                t_max_s=c.manager.t_max_ms / 1000.0,
                 workers=c.manager.search_workers,
                 embed_workers=c.manager.embed_workers,
                 merge_chunk=c.bank.merge_chunk,
@@ -165,7 +168,7 @@ class ExtractorTrack:
                     prompt_ids=tuple(int(i) for i in prompt_ids),
                     response_ids=tuple(int(i) for i in sampled),
                     logprobs=tuple(float(x) for x in res.logprobs[b, :n]),
-                    version=self.version,
+                    version=self.sampler_version,
                 )
             )
         return out
@@ -198,7 +201,10 @@ class ExtractorTrack:
         stream (the training stream's call counter does not move).
         """
         fn = None if record else (lambda prompts: self.generate(prompts, key))
+        t0 = time.perf_counter()
         got = self.mgr.refine_many(list(asks), record=record, extractor_fn=fn)
+        if record:
+            self.ask_ms.append((time.perf_counter() - t0) * 1000.0)
         return [(answer, k) for answer, k, _ in got]
 
     # -- per-step bookkeeping ------------------------------------------------------------------------
@@ -249,18 +255,23 @@ class ExtractorTrack:
 
     def mark_trained(self, batch, step: int) -> None:
         """The update on ``batch`` in trainer step ``step`` is dispatched: its samples' c_train / t_last advance
-        and later generations come from the new weights (``version`` + 1)."""
+        and the trained weights are ``version`` + 1 (the sampler's from :meth:`sampler_refreshed` on)."""
         self.mgr.mark_trained(batch, step)
         self.version += 1
+
+    def sampler_refreshed(self) -> None:
+        """The sampler now holds the latest trained weights: later generations are labelled ``version``."""
+        self.sampler_version = self.version
 
     def stats(self) -> dict[str, float]:
         m = self.mgr
         out = {f"bank/{k}": float(v) for k, v in m.counts.items()}
         out["bank/size"] = float(len(m.bank.entries))
         out["bank/extractor_buffer"] = float(len(m.buffer))
-        if self.search_ms:
-            out["search_ms_p50"] = float(np.percentile(self.search_ms, 50))
-            out["search_ms_p99"] = float(np.percentile(self.search_ms, 99))
+        for name, xs in (("search_ms", self.search_ms), ("search_ask_ms", self.ask_ms)):
+            if xs:
+                out[f"{name}_p50"] = float(np.percentile(xs, 50))
+                out[f"{name}_p99"] = float(np.percentile(xs, 99))
         return out
 
     # -- persistence (directory per checkpoint step) ----------------------------------------------
@@ -282,7 +293,7 @@ class ExtractorTrack:
 
         meta = read_json(os.path.join(path, "track.json"))
         self.calls = int(meta["calls"])
-        self.version = int(meta.get("version", 0))
+        self.version = self.sampler_version = int(meta.get("version", 0))  # saved joined: the two agree
         vecs = np.load(os.path.join(path, "query_cache.npy"), allow_pickle=False)
         try:
             self.mgr.cache.load_state_dict({"keys": meta["query_cache_keys"], "vectors": vecs})

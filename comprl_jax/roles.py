@@ -75,9 +75,10 @@ class Role:
         None  # the sampler's weight copy (sampling.layout); its mesh is sampler.mesh
     )
     refresh: RefreshTimer | None = None  # the last refresh of that copy (seconds: metric rollout_refresh_s)
-    version: int = (
-        0  # optimizer batches applied since the role was built (the sampler's copy is refreshed after each)
-    )
+    version: int = 0  # optimizer batches applied since the role was built
+    # An update whose sampler refresh was deferred (dispatch_update(refresh=False)): its outputs, until
+    # apply_refresh; meanwhile the sampler keeps sampling with the weights before it.
+    deferred: Any = None
 
     def refresh_sampler(self, updated) -> None:
         """Gives the sampler a fresh copy of the trained weights (cast and laid out for decoding); ``updated``:
@@ -85,6 +86,14 @@ class Role:
         copy = self.layout.refresh(self.state.params)
         self.sampler.update_params(copy)
         self.refresh = RefreshTimer(updated, copy, no_copy=self.layout.same)
+        self.deferred = None
+
+    def apply_refresh(self) -> bool:
+        """The deferred refresh, if any (True when one was applied)."""
+        if self.deferred is None:
+            return False
+        self.refresh_sampler(self.deferred)
+        return True
 
     def refresh_seconds(self) -> float | None:
         """Device seconds of the last refresh (waits for it); None before any update."""
@@ -175,12 +184,14 @@ def _put(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return shd.put_batch(batch, role.mesh)  # each process feeds the rows its devices hold
 
 
-def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = True) -> dict[str, jax.Array]:
     """The optimizer steps of one batch: ``len(batch) / role.rows`` strided mini-batches, each one step.
 
     ``old_logprobs`` of every mini-batch are computed with the pre-update weights before the first step; rows
     flagged in ``batch[USE_BEHAVIOUR]`` use ``batch[BEHAVIOUR]`` instead (the extractor's stale samples). The
-    behaviour keys are optional and never reach the loss. ``batch[SAMPLED_BY]`` (the :attr:`Role.version` whose
+    behaviour keys are optional and never reach the loss. ``refresh=False`` defers the sampler's refresh to
+    :meth:`Role.apply_refresh` (the sampler keeps its copy of the weights before the update meanwhile, so it can
+    answer while the update runs). ``batch[SAMPLED_BY]`` (the :attr:`Role.version` whose
     sampler produced the batch) is required for the one-step shortcut, which takes pi_old from the current weights. The sampler gets a fresh copy of the new weights at the
     end (:meth:`Role.refresh_sampler`; its device time is :meth:`Role.refresh_seconds`).
 
@@ -213,7 +224,7 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
             host.update({BEHAVIOUR: behaviour, BEHAVIOUR_MASK: bmask})
         role.state, m = role.update(role.state, _put(role, host))
         role.version += 1
-        role.refresh_sampler(m)
+        _refresh(role, m, refresh)
         return _combine([m], [])
     parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
     dev = [_put(role, p) for p in parts]
@@ -230,8 +241,15 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.A
         role.state, m = role.update(role.state, d)
         steps.append(m)
     role.version += 1
-    role.refresh_sampler(steps[-1])
+    _refresh(role, steps[-1], refresh)
     return _combine(steps, gaps)
+
+
+def _refresh(role: Role, updated, now: bool) -> None:
+    if now:
+        role.refresh_sampler(updated)
+    else:
+        role.deferred = updated
 
 
 def _rows_flag(use, total: int) -> np.ndarray:

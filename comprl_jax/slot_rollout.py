@@ -14,8 +14,10 @@ is free. The host loop, per chunk ``c``:
 3. while the device decodes, wait for env steps, oldest first: every one submitted ``rollout.env_lag`` chunks ago,
    and more as far as the next chunk has free slots for their episodes. Their observations become inputs entered
    before chunk ``c + 1``;
-4. read chunk ``c``'s finished replies: search & ask questions are answered (one batched extractor call) and
-   enter with the next chunk. Env actions are submitted to the pools.
+4. read chunk ``c``'s finished replies: search & ask questions go to the extractor (one batched call per chunk,
+   on the engine's own ask thread, in submission order) and env actions to the pools; both are results that the
+   loop waits for like env steps (step 3), so the actor's other slots keep decoding while the extractor answers
+   (on its own devices with disjoint placement).
 
 The schedule depends only on what the device computed, never on timing: which env steps are waited for, and when,
 follows from counts of episodes and slots, and the loop blocks when a step it needs is late. Sampling keys are per
@@ -31,6 +33,7 @@ that is not built yet.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -164,26 +167,30 @@ def run_episodes_continuous(
         )
 
     replies: dict[int, str] = {}
+    reply_len: dict[int, int] = {}
+    # One thread answers search & ask batches in submission (chunk) order: the extractor's calls, and so its
+    # sampling keys and the bank's retrieval statistics, follow the schedule, never timing.
+    asker = cf.ThreadPoolExecutor(1, thread_name_prefix="search-ask") if ask is not None else None
 
     def on_replies(finished: list[tuple[int, Finished]]) -> dict[int, Any]:
-        """This chunk's replies: search & ask questions answered (ready now), env actions submitted."""
+        """This chunk's replies: search & ask questions and env actions submitted (results come to on_result)."""
         questions: dict[int, str] = {}
         for b, f in finished:
             ctx[b].reply(f.tokens, f.logprobs)
             rounds[b] += 1
             text = tokenizer.decode(f.tokens.tolist(), skip_special=True)
             replies[b] = text
+            reply_len[b] = len(f.tokens)
             q = ASK_RE.search(text) if can_ask(eps[b]) else None
             if q and ANSWER_OPEN not in text:
                 questions[b] = q.group(1).strip()
         out: dict[int, Any] = {}
         if questions:
             # Answered by the extractor as tool turns (no env step), in one batch per chunk.
-            got = ask([(q, ask_situation(eps[b]), eps[b].spec.task.env_id) for b, q in questions.items()])
-            for b, (answer, sample_key) in zip(questions, got, strict=True):
-                n = len(dict(finished)[b].tokens)
-                answer_ask(eps[b], replies.pop(b), answer, sample_key, ctx[b].ids, n, tokenizer, im_end)
-                out[b] = None
+            items = [(q, ask_situation(eps[b]), eps[b].spec.task.env_id) for b, q in questions.items()]
+            batch = asker.submit(ask, items)
+            for i, b in enumerate(questions):
+                out[b] = _AskResult(batch, i)
         for b, _ in finished:
             if b not in questions:
                 out[b] = pools.pools[eps[b].spec.task.env_id].submit_step(lane[b], replies[b])
@@ -191,6 +198,11 @@ def run_episodes_continuous(
 
     def on_result(b: int, result) -> bool:
         e = eps[b]
+        if isinstance(result, _Answer):
+            answer_ask(
+                e, replies.pop(b), result.text, result.key, ctx[b].ids, reply_len[b], tokenizer, im_end
+            )
+            return True
         if not e.step(replies.pop(b), result):
             return False
         e.pending = _next_input(
@@ -198,18 +210,44 @@ def run_episodes_continuous(
         )
         return True
 
-    timing = schedule(
-        engine,
-        key,
-        [b for b, e in enumerate(eps) if e.live],
-        entry,
-        on_replies,
-        on_result,
-        exit_frac=exit_frac,
-        env_lag=env_lag,
-    )
+    try:
+        timing = schedule(
+            engine,
+            key,
+            [b for b, e in enumerate(eps) if e.live],
+            entry,
+            on_replies,
+            on_result,
+            exit_frac=exit_frac,
+            env_lag=env_lag,
+        )
+    finally:
+        if asker is not None:
+            asker.shutdown(wait=True)
     trajs = [e.trajectory(list(c.ids), list(c.mask), list(c.lps)) for e, c in zip(eps, ctx, strict=True)]
     return trajs, timing
+
+
+class _Answer:
+    """A search & ask answer for ``on_result`` (an env step's result is a tuple)."""
+
+    __slots__ = ("text", "key")
+
+    def __init__(self, text: str | None, key):
+        self.text, self.key = text, key
+
+
+class _AskResult:
+    """Episode ``i``'s answer in a batched search & ask call, as a future-like ``result()`` for :func:`schedule`."""
+
+    __slots__ = ("batch", "i")
+
+    def __init__(self, batch: cf.Future, i: int):
+        self.batch, self.i = batch, i
+
+    def result(self) -> _Answer:
+        answer, key = self.batch.result()[self.i]
+        return _Answer(answer, key)
 
 
 def schedule(

@@ -110,11 +110,10 @@ class Trainer:
         self.multi = dist.multi()
         self.leader = dist.is_leader()
         self.search_ask = self.experience and bool(cfg.retrieval.search_and_ask)
-        self.overlap_extractor = (
-            self.actor_mesh is not None
-            and cfg.mesh.placement == "disjoint"
-            and not self.search_ask  # search & ask samples the extractor during rollouts
-        )
+        # Disjoint placement: a step's extractor updates run on the extractor's devices during the next rollout,
+        # joined after it. The extractor's sampler keeps the weights before them meanwhile (its refresh is deferred
+        # to the join), so search & ask is answered during that rollout, on the ask thread of the continuous engine.
+        self.overlap_extractor = self.actor_mesh is not None and cfg.mesh.placement == "disjoint"
         self._pending: list[PendingUpdate] = []
         self.timeline: list[dict] = []
         tok = None
@@ -286,7 +285,7 @@ class Trainer:
 
     def digests(self) -> dict[str, Any]:
         """This process's replica digests (parameters and host state); identical on every process."""
-        self.join_extractor()
+        self.join_extractor(refresh=False)  # reading the state changes nothing the run does next
         out = {"step": self.step, "process": jax.process_index(), "host": self.host_digest()}
         out["actor"] = dist.tree_digest(self.actor.state.params)
         if self.extractor is not None:
@@ -500,15 +499,14 @@ class Trainer:
         cfg, step = self.config, self.step
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
-        if self.search_ask:
-            self.join_extractor()  # search & ask samples the extractor during the rollout
         # 1-2. rollout
         sampled_by = (
             self.actor.version
-        )  # the weights the actor's sampler plays with (refreshed after each update)
+        )  # the weights the actor's sampler plays with (refreshed after updates)
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
-        # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout.
-        self.join_extractor()
+        # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout;
+        # the extractor's sampler takes their weights now (it answered this rollout's search & ask with the older).
+        refreshed = self.join_extractor()
         # 3. advantages (infra failures are out of every statistic)
         K = cfg.rollout.group_size
         rewards = np.array([outcome(t) for t in trajs], np.float32)
@@ -565,10 +563,12 @@ class Trainer:
             fut.result()
             if cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0:
                 self.track.merge(step)
+        if refreshed:  # the sampler copy's device time (sampling.layout)
+            metrics["extractor/rollout_refresh_s"] = self.extractor.refresh_seconds()
         if self.train_extractor:
             self._start_extractor_updates(step, metrics)
             if not self.overlap_extractor:
-                self.join_extractor()
+                self.join_extractor(refresh=False)  # the sampler's refresh stays at its fixed point (above)
         if self.track is not None:
             metrics.update(self.track.stats())
         metrics["time/extraction_s"] = time.perf_counter() - t_x - metrics["time/update_s"]
@@ -606,15 +606,18 @@ class Trainer:
         adds their metrics to ``row``.
 
         With disjoint placement the join waits until after the next step's rollout, so the updates run on the
-        extractor's devices while the actor's devices play episodes (SPEC §6); nothing reads the extractor in
-        between (search & ask turns this off). The bank-side bookkeeping (``mark_trained``) needs only the batch
-        and happens now, at its fixed point of the step.
+        extractor's devices while the actor's devices play episodes (SPEC §6). The extractor's sampler keeps the
+        weights from before the updates until the join (``dispatch_update(refresh=False)``): search & ask during
+        that rollout samples them (its generations say which version, and train against their own behaviour
+        logprobs). The bank-side bookkeeping (``mark_trained``) needs only the batch and happens now, at its fixed
+        point of the step; checkpoints are taken joined (``run``), so a resumed run replays the same versions.
         """
         while (samples := self.track.pop_batch(step)) is not None:
             batch, host = extractor_batch(samples, self.extractor.model.tokenizer, self.track.version)
             self.track.mark_trained(samples, step)
             t0 = time.time()
-            device_metrics = roles.dispatch_update(self.extractor, batch)
+            # The sampler's refresh waits for the join (the updates' fixed end point).
+            device_metrics = roles.dispatch_update(self.extractor, batch, refresh=False)
             done: dict[str, float] = {}
             # Records when the device work finished (a wait, not a dispatch: safe on any thread).
             watcher = threading.Thread(
@@ -626,18 +629,21 @@ class Trainer:
                 daemon=True,
             )
             watcher.start()
-            refresh = self.extractor.refresh
-            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done, refresh))
+            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done))
 
-    def join_extractor(self) -> None:
+    def join_extractor(self, refresh: bool = True) -> bool:
         """Waits for the extractor updates in flight (if any) and puts their metrics (the mean over a row's
-        updates; ``updates`` = how many) in the row of their step."""
+        updates; ``updates`` = how many) in the row of their step. ``refresh``: then the extractor's sampler takes
+        the updated weights (returns whether it did).
+
+        Where the refresh happens is fixed whatever the placement: after the next step's rollout (train_step), or
+        at a checkpoint, an evaluation or the end. A co-located run joins its updates at the end of their own step
+        with ``refresh=False``, so its search & ask during the next rollout samples the same weights as a disjoint
+        run's, whose updates are still running then (tests/test_placement.py)."""
         pending, self._pending = self._pending, []
         by_row: dict[int, list] = {}
         for p in pending:
             out = {**jax.device_get(p.metrics), **p.host}
-            if p.refresh is not None:
-                out["rollout_refresh_s"] = p.refresh.seconds()
             p.watcher.join()
             self._event("extractor_update", p.step, p.t0, p.done.get("end", time.time()))
             by_row.setdefault(id(p.row), [p.row, []])[1].append(out)
@@ -647,6 +653,10 @@ class Trainer:
                 agg = max if k.endswith("_max") or k == "step" else None
                 row[f"extractor/{k}"] = float(agg(vals)) if agg else float(np.nanmean(vals))
             row["extractor/updates"] = float(len(outs))
+        if refresh and self.extractor is not None and self.extractor.apply_refresh():
+            self.track.sampler_refreshed()
+            return True
+        return False
 
     @property
     def extractor_pending(self) -> bool:

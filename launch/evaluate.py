@@ -71,7 +71,7 @@ def main(argv):
     with open(tmp, "w") as f:  # atomic: make_tables never reads a torn file
         json.dump(ev, f, indent=2)
     os.replace(tmp, os.path.join(workdir, "eval.json"))
-    print(f"step {tr.step} (tasks = distinct held-out tasks played, each group_size/2 times):")
+    print(f"step {tr.step}, held-out tasks per env and split in the tasks column:")
     print(eval_table(ev))
     print(f"written: {os.path.join(workdir, 'eval.json')}")
 

@@ -143,7 +143,7 @@ def test_evaluate_prints_the_table_and_writes_eval_json(finished, env, tmp_path)
     r = _launch("launch/evaluate.py", env, f"--workdir={work}", "--tasks=1")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout.splitlines()
-    assert out[0] == "step 2, 1 held-out tasks per env:"
+    assert out[0] == "step 2, held-out tasks per env and split in the tasks column:"
     _assert_eval_table(out[1:-1])
     assert out[-1] == f"written: {work}/eval.json"
     ev = json.loads((work / "eval.json").read_text())

@@ -288,7 +288,8 @@ def _generating_track(c, sampler, tok, version: int):
     from comprl_jax.roles import sampling_params
 
     track = ExtractorTrack.__new__(ExtractorTrack)
-    track.c, track.sampler, track.tokenizer, track.version = c, sampler, tok, version
+    track.c, track.sampler, track.tokenizer = c, sampler, tok
+    track.version = track.sampler_version = version
     track._constraint = None
     track.sp = sampling_params(c.extractor.sampling)
     return track

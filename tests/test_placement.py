@@ -30,8 +30,8 @@ OVER = {
     "env.max_turns": 8,
     "train.steps": 4,
     "checkpoint.every": 10,  # a checkpoint joins the update in flight; keep them out of the way
-    # Search & ask samples the extractor during the rollout, which turns the overlap off (trainer.py).
-    "retrieval.search_and_ask": False,
+    # Search & ask on (the default): the disjoint run's extractor sampler answers during the next rollout while the
+    # update runs, with the weights from before it, as the co-located run's does (trainer.join_extractor).
 }
 
 

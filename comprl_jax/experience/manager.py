@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import dataclasses
 import json
 import time
@@ -43,7 +44,7 @@ ExtractorFn = Callable[[list[str]], "list[str | Generation]"]
 class ManagerConfig:
     batch: int = 16  # micro-batch flush size
     t_max_s: float = 0.001  # micro-batch flush delay after the first query
-    workers: int = 4  # search worker threads
+    workers: int = 4  # threads searching micro-batches' candidates (config manager.search_workers)
     embed_workers: int = 1  # concurrent embedding calls (the paper's embedding workers)
     cache_size: int = 1000  # LRU of query embeddings
     num_previous: int = 5  # related lessons shown to the distillation call
@@ -97,6 +98,9 @@ class ExperienceManager:
         self.refine_samples: dict[str, tuple[str, str, dict | None]] = {}
         self.num_refines = 0
         self.errors: list[str] = []
+        self._search_pool: cf.ThreadPoolExecutor | None = (
+            None  # cfg.workers index-search threads, made on use
+        )
 
     @classmethod
     def with_embedder(cls, embedder, extractor_fn: ExtractorFn | None = None, **kwargs) -> ExperienceManager:
@@ -110,7 +114,10 @@ class ExperienceManager:
         return cls(embedder.embed, embedder.dim, extractor_fn, query_embed_fn=query_fn, **kwargs)
 
     def close(self) -> None:
-        """Nothing to stop here (see :class:`~comprl_jax.experience.threaded.ThreadedExperienceManager`)."""
+        """Stops the index-search threads, if any were started."""
+        if self._search_pool is not None:
+            self._search_pool.shutdown(wait=True)
+            self._search_pool = None
 
     def __enter__(self):
         return self
@@ -126,31 +133,55 @@ class ExperienceManager:
     def search_sync(
         self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True
     ) -> list[Retrieval]:
-        """The pipeline in the calling thread, in micro-batches of ``cfg.batch`` (deterministic). Thread-safe.
+        """The pipeline in the calling thread, deterministic and thread-safe: the queries embedded in one call
+        (through the LRU cache, in order), candidates searched in micro-batches of ``cfg.batch`` on ``cfg.workers``
+        threads (read-only, under the reader lock), then each micro-batch's Eq. 6 re-rank and usage stats in order.
 
         ``record=False``: a read-only search (no usage stats, no RNG draw; Eq. 6 still sees the current stats).
         """
         if len(queries) != len(task_ids):
             raise ValueError(f"{len(queries)} queries but {len(task_ids)} task ids")
+        if not queries:
+            return []
+        vecs = self.cache(list(queries))  # one ordered call: the cache's state never depends on thread timing
+        b = self.cfg.batch
+        spans = [(i, min(i + b, len(queries))) for i in range(0, len(queries), b)]
+
+        def candidates(span):
+            i, j = span
+            return self._candidates(vecs[i:j], list(task_ids[i:j]))
+
+        if self.cfg.workers > 1 and len(spans) > 1:
+            if self._search_pool is None:
+                self._search_pool = cf.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="bank-search")
+            cands = list(self._search_pool.map(candidates, spans))
+        else:
+            cands = [candidates(span) for span in spans]
         out: list[Retrieval] = []
-        for i in range(0, len(queries), self.cfg.batch):
-            out += self._run_batch(
-                list(queries[i : i + self.cfg.batch]), list(task_ids[i : i + self.cfg.batch]), record
-            )
+        for (i, j), c in zip(spans, cands, strict=True):
+            out += self._pick(c, j - i, record)
         return out
 
     def _run_batch(self, queries: list[str], task_ids: list[str], record: bool = True) -> list[Retrieval]:
-        vecs = self.cache(queries)
-        rc = self.retrieval_cfg
+        """One micro-batch through the whole pipeline (the threaded manager's workers call this)."""
+        return self._pick(self._candidates(self.cache(queries), task_ids), len(queries), record)
+
+    def _candidates(self, vecs: np.ndarray, task_ids: list[str]) -> list[np.ndarray]:
+        """Eq. 6's candidate uids per query, from its task's partition (read-only)."""
         by_task: dict[str, list[int]] = collections.defaultdict(list)
         for i, t in enumerate(task_ids):
             by_task[t].append(i)
-        cands: list[np.ndarray] = [np.zeros(0, np.int64)] * len(queries)
+        cands: list[np.ndarray] = [np.zeros(0, np.int64)] * len(task_ids)
         with self.lock.read():
             for t, rows in by_task.items():
-                uids, _ = self.bank.search(t, vecs[rows], rc.num_candidates)
+                uids, _ = self.bank.search(t, vecs[rows], self.retrieval_cfg.num_candidates)
                 for r, u in zip(rows, uids, strict=True):
                     cands[r] = u
+        return cands
+
+    def _pick(self, cands: list[np.ndarray], n: int, record: bool) -> list[Retrieval]:
+        """Eq. 6 re-rank of one micro-batch's candidates, usage stats and the RNG draw (writer lock, in order)."""
+        rc = self.retrieval_cfg
         out = []
         with self.lock.write() if record else self.lock.read():
             now = float(self.clock())
@@ -170,7 +201,7 @@ class ExperienceManager:
                 texts = [self.bank.entries[x].text for x in chosen]
                 out.append(Retrieval(chosen, texts, format_experience(texts)))
             if record:
-                self.counts["searches"] += len(queries)
+                self.counts["searches"] += n
         return out
 
     # -- extractor ops -----------------------------------------------------------------------------
@@ -355,7 +386,10 @@ class ExperienceManager:
         """The next full batch for an extractor update in trainer step ``step`` (Eq. 7's t, counted in trainer
         steps as the released code's ``global_step``), or None."""
         with self.lock.write():
-            return self.buffer.pop_batch(step)
+            batch = self.buffer.pop_batch(step)
+            if batch is not None:  # cumulative (bank/zero_weight_samples): the Eq. 7 cooldown acting
+                self.counts["zero_weight_samples"] += int(np.sum(batch.weights == 0))
+            return batch
 
     def mark_trained(self, batch: ExtractorBatch, step: int) -> None:
         """After an extractor update in trainer step ``step`` on ``batch``: bump c_train and set t_last on every

@@ -49,6 +49,7 @@ class ThreadedExperienceManager(ExperienceManager):
             t.join()
         self._threads = []
         self._pool.shutdown(wait=True)
+        super().close()
 
     # -- search ------------------------------------------------------------------------------------
     def search(self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True) -> list[Retrieval]:
