@@ -199,6 +199,11 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = Tr
     ``logprob_mismatch``: mean |recomputed - behaviour| over ``batch[BEHAVIOUR_MASK]`` tokens. Nothing here waits
     for the device (async dispatch).
     """
+    if not refresh and role.layout.same and role.deferred is None:
+        # The sampler reads the training state itself, which the update donates: it keeps a copy of the weights
+        # before the update until the deferred refresh (only where the layout makes no copy of its own: one
+        # device in the parameter dtype).
+        role.sampler.update_params(jax.tree.map(jnp.copy, role.state.params))
     host = dict(batch)
     behaviour = host.pop(BEHAVIOUR, None)
     bmask = host.pop(BEHAVIOUR_MASK, None)

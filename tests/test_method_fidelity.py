@@ -232,6 +232,18 @@ def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
     assert stale["ratio_max"] > 1.1 and stale["is_weight_max"] == pytest.approx(1.1)  # clipped at 1 + eps
     recomputed = dict(stale_batch, use_behaviour=np.zeros(2, bool))
     assert jax.device_get(roles.dispatch_update(role, recomputed))["ratio"] == pytest.approx(1.0, abs=1e-6)
+    # A deferred refresh (the trainer's extractor updates): the sampler answers with the weights before the update,
+    # even where it reads the training state itself (this f32 one-device layout), which the update donates.
+    assert role.layout.same
+    sp = SamplingParams(max_new_tokens=12, greedy=True)
+    before = role.sampler.generate(prompts, jax.random.key(0), sp)
+    for _ in range(2):
+        roles.dispatch_update(role, batch, refresh=False)
+    during = role.sampler.generate(prompts, jax.random.key(0), sp)
+    np.testing.assert_array_equal(during.logprobs, before.logprobs)
+    assert role.apply_refresh() and not role.apply_refresh()
+    after = role.sampler.generate(prompts, jax.random.key(0), sp)
+    assert np.abs(after.logprobs - before.logprobs).max() > 1e-3  # now the updated weights
 
 
 def test_actor_mini_batch_steps_move_the_ratio_and_mismatch_is_tiny(tiny):
