@@ -188,9 +188,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.loss.clip_eps = 0.1  # epsilon of the stop-gradient IS-weight clip clip(rho, 1 - eps, 1 + eps)
     c.extractor.loss.loss_agg = "token_mean"  # or "seq_mean_token_mean"
     c.extractor.buffer_size = 64
-    c.extractor.cooldown = (
-        1  # Eq. 7 delta, in trainer steps (1 = never twice in one step; the released code's)
-    )
+    # Eq. 7 delta, in trainer steps (1 = never twice in one step; the released code's)
+    c.extractor.cooldown = 1
     c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
     # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in trainer steps; 0 = off.
     c.extractor.recency_tau = 2.0
@@ -467,7 +466,7 @@ MIXTURE_STEPS = 128
 
 def apply_tasks(c: ml_collections.ConfigDict, tasks) -> ml_collections.ConfigDict:
     """The task setting, one definition for every experiment (single task, Table 1, task scaling, capacity), so
-    that a study's arms differ only in what the study varies (tests/test_launch_recipes.py diffs them):
+    that a study's arms differ only in what the study varies (tests/test_study_configs.py diffs them):
 
     * ``env.tasks``; each env plays at its own limits (SPEC §9, ``envs.registry.Limits``: 30 turns / 4,096 tokens /
       32,768 context; ALFWorld 40 / 2,048 / 16,384; WebShop 16,384 context) under run-wide caps set to the widest of
@@ -482,11 +481,9 @@ def apply_tasks(c: ml_collections.ConfigDict, tasks) -> ml_collections.ConfigDic
     tasks = tuple(tasks)
     c.env.tasks = tasks
     w = registry.widest(tasks)
-    c.env.max_turns, c.actor.sampling.max_new_tokens, c.rollout.max_context = (
-        w.max_turns,
-        w.turn_tokens,
-        w.context,
-    )
+    c.env.max_turns = w.max_turns
+    c.actor.sampling.max_new_tokens = w.turn_tokens
+    c.rollout.max_context = w.context
     c.env.backend = "process" if len(tasks) > 1 or "comprl/ALFWorld-v0" in tasks else "thread"
     c.rollout.tasks_per_step = 16
     c.train.steps = SINGLE_TASK_STEPS.get(tasks[0], MIXTURE_STEPS) if len(tasks) == 1 else MIXTURE_STEPS
@@ -548,9 +545,8 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         c.extractor.max_context = 2048
         c.extractor.max_entry_chars = 200
         c.extractor.transcript_chars = 600
-        c.env.max_turns = min(
-            c.env.max_turns, 10
-        )  # caps every env: ~80 tokens per turn with the tiny vocabulary
+        # caps every env: ~80 tokens per turn with the tiny vocabulary
+        c.env.max_turns = min(c.env.max_turns, 10)
         c.env.workers = 2
         c.train.steps = 30
         c.train.eval_tasks = 8
@@ -658,8 +654,8 @@ def _parent(tree: dict, dotted: str) -> tuple[dict | None, str]:
 
 def upgrade_saved(tree: dict) -> dict:
     """A saved config tree (a run's ``config.json``) with :data:`REMOVED_KEYS` dropped, :data:`RENAMED_KEYS` moved
-    to their current place and :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and evaluates without a
-    spurious config change."""
+    to their current place and :data:`ADDED_KEYS` filled in where missing (a copy), so an older run resumes and
+    evaluates without a spurious config change."""
     import copy
 
     tree = copy.deepcopy(tree)

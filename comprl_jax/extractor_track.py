@@ -210,16 +210,16 @@ class ExtractorTrack:
     # -- per-step bookkeeping ------------------------------------------------------------------------
     def record_outcomes(self, trajs: Sequence[Trajectory]) -> None:
         """SPEC §3: every guided trajectory gives +1 / -1 to each entry it used (plus the actor-critic score s when
-        it judged the entry, SPEC §7; a rejected entry did not guide the episode and gets s = 0 alone), and to each search & ask refinement it received (that call is an extractor
-        training sample too). Episodes that failed for infrastructure reasons say nothing and are skipped."""
+        it judged the entry, SPEC §7; a rejected entry did not guide the episode and gets s = 0 alone), and to each
+        search & ask refinement it received (that call is an extractor training sample too). Episodes that failed
+        for infrastructure reasons say nothing and are skipped."""
         for t in trajs:
             if t.infra_failed:
                 continue
             if t.spec.guided and t.spec.entry_uids:
                 s = t.spec.critic_score
-                rejected = (
-                    s is not None and s == CRITIC_SCORES["reject"]
-                )  # m dropped: the episode ran without it
+                # a rejected entry was dropped: the episode ran without it
+                rejected = s is not None and s == CRITIC_SCORES["reject"]
                 self.mgr.record_outcome(t.spec.entry_uids, t.success, s or 0.0, guided=not rejected)
             for key in t.ask_keys:
                 self.mgr.record_refine_outcome(key, t.success)

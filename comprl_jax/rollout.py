@@ -378,17 +378,15 @@ def run_episodes(
             if e.live and len(conv.ids[b]) + len(e.pending) + e.spec.max_new(sp) > e.spec.max_len(max_len):
                 e.live, e.context_full = False, True
         t0 = time.perf_counter()
-        # One jitted call per (env id, may ask) group present (constraints differ); usually a single call.
+        # One jitted call per (env id, may ask, tokens per turn) group present; usually a single call.
         replies: list[str] = [""] * B
         reply_len = [0] * B
-        groups = sorted({(e.spec.task.env_id, can_ask(e), e.spec.max_new(sp)) for e in eps if e.live})
-        for env_id, asking, max_new in groups:
+        group_of = {
+            b: (e.spec.task.env_id, can_ask(e), e.spec.max_new(sp)) for b, e in enumerate(eps) if e.live
+        }
+        for env_id, asking, max_new in sorted(set(group_of.values())):
             rows = [
-                e.pending
-                if e.live
-                and (e.spec.task.env_id, can_ask(e), e.spec.max_new(sp)) == (env_id, asking, max_new)
-                else None
-                for e in eps
+                e.pending if group_of.get(b) == (env_id, asking, max_new) else None for b, e in enumerate(eps)
             ]
             constraint = constraint_for(env_id, asking) if constraint_for else None
             ids = [(b, replies_so_far[b]) for b in range(B)]

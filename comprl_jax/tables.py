@@ -186,7 +186,7 @@ def _cell(stats) -> str:
     return f"{mean:.2f} ± {se:.2f} ({n})" if se is not None else f"{mean:.2f} ({n})"
 
 
-def _success(run: dict, mode: str | None, label: str, metric: str = "success") -> float | None:
+def _metric(run: dict, mode: str | None, label: str, metric: str = "success") -> float | None:
     """A run's success (or another ``metric`` of the eval row) on ``label`` for an eval mode (None = with
     experience if the run has it, else without)."""
     ev = run["eval"]
@@ -240,10 +240,10 @@ def table1(runs: Sequence[dict]) -> str:
         matching = [g for g in groups if g["key"][1] == method] or [None]
         for g in matching:
             rs = g["runs"] if g else []
-            cells = [mean_se([_success(r, mode, e, TABLE1_METRIC[e]) for r in rs]) for e in TABLE1_ENVS]
+            cells = [mean_se([_metric(r, mode, e, TABLE1_METRIC[e]) for r in rs]) for e in TABLE1_ENVS]
             per_run_avg = []
             for r in rs:
-                vals = [_success(r, mode, e, TABLE1_METRIC[e]) for e in TABLE1_ENVS]
+                vals = [_metric(r, mode, e, TABLE1_METRIC[e]) for e in TABLE1_ENVS]
                 if all(v is not None for v in vals):
                     per_run_avg.append(sum(vals) / len(vals))
             label = _LABELS[(method, mode)] + (f" [{g['key'][3]}]" if g and len(models) > 1 else "")
@@ -272,13 +272,13 @@ def single_task_table(runs: Sequence[dict]) -> str:
         modes = [m for m in MODES if any(m in r["eval"] for r in g["runs"])] or ["-"]
         for mode in modes:
             for label in labels or list(tasks):
-                stats = mean_se([_success(r, mode, label) for r in g["runs"]])
+                stats = mean_se([_metric(r, mode, label) for r in g["runs"]])
                 entries = [r["eval"].get(mode, {}).get(label) or {} for r in g["runs"]]
                 eps = [e.get("episodes") for e in entries if e.get("episodes") is not None]
                 infra = [e.get("infra_failed") for e in entries if e.get("infra_failed") is not None]
                 ratio = "-"
                 if base and method != "baseline" and stats:
-                    b = mean_se([_success(r, "without_exp", label) for r in base["runs"]])
+                    b = mean_se([_metric(r, "without_exp", label) for r in base["runs"]])
                     ratio = f"{stats[0] / b[0]:.2f}" if b and b[0] > 0 else "-"
                 paper = PAPER_SINGLE_RATIO.get(label) if method == "complementary" else None
                 lines.append(
@@ -303,7 +303,7 @@ def multi_task_table(runs: Sequence[dict]) -> str:
     def per_run(rs, mode, tasks):
         out = []
         for r in rs:
-            vals = [_success(r, mode, e) for e in tasks]
+            vals = [_metric(r, mode, e) for e in tasks]
             if all(v is not None for v in vals):
                 out.append(sum(vals) / len(vals))
         return out

@@ -77,7 +77,6 @@ class PendingUpdate:
     t0: float
     watcher: threading.Thread
     done: dict
-    refresh: Any = None  # the sampler's weight refresh after this update (sampling.layout.RefreshTimer)
 
 
 class Trainer:
@@ -500,9 +499,8 @@ class Trainer:
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
         # 1-2. rollout
-        sampled_by = (
-            self.actor.version
-        )  # the weights the actor's sampler plays with (refreshed after updates)
+        # the weights the actor's sampler plays with (refreshed after each of its updates)
+        sampled_by = self.actor.version
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
         # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout;
         # the extractor's sampler takes their weights now (it answered this rollout's search & ask with the older).

@@ -363,22 +363,24 @@ class ExperienceBank:
         removed = 0
         for p in sorted(self.indexes):
             uids = [u for u, e in self.entries.items() if self.part(e.task_id) == p]
-            kept: list[np.ndarray] = []
+            kept = np.zeros((len(uids), self.dim), np.float32)  # the kept keys so far, rows [0, n)
+            n = 0
             for u in uids:
                 v = np.asarray(self.vector(u), np.float32)
-                if kept and float(np.max(np.stack(kept) @ v)) >= threshold:
+                if n and float(np.max(kept[:n] @ v)) >= threshold:
                     self.remove(u, "dedup")
                     removed += 1
                 else:
-                    kept.append(v)
+                    kept[n] = v
+                    n += 1
         self.counts["dedup_removed"] += removed
         return removed
 
     # -- state (caller holds the writer lock; persist.py writes / reads it as JSON + .npy + ScaNN folders) -------
     def state_dict(self) -> dict:
         """Everything the bank holds, as copies: ``entries`` (dicts of every :class:`Entry` field, uid order),
-        ``embeddings`` ``[N, D]`` float32 (row i = entries[i]), ``next_uid``, ``next_call``, ``counts``, ``op_log`` and
-        ``partitions`` (``[{"task_id", "built": BuiltIndex | None}]``, sorted: the published searchers)."""
+        ``embeddings`` ``[N, D]`` float32 (row i = entries[i]), ``next_uid``, ``next_call``, ``counts``, ``op_log``
+        and ``partitions`` (``[{"task_id", "built": BuiltIndex | None}]``, sorted: the published searchers)."""
         entries = list(self.entries.values())
         emb = np.stack([self.vector(e.uid) for e in entries]) if entries else np.zeros((0, self.dim))
         return {

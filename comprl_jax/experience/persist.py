@@ -2,8 +2,8 @@
 
 Layout of a store directory (format ``comprl_jax.experience/1``)::
 
-    meta.json        format, dim, configs, next uid and call id, counters, RNG state (numpy PCG64 state dict), refine samples,
-                     and per partition (key: a task id, or the shared partition) the published ScaNN index (its
+    meta.json        format, dim, configs, next uid and call id, counters, RNG state (numpy PCG64 state dict),
+                     refine samples, and per partition (key: a task id, or the shared partition) the published ScaNN index (its
                      subdirectory, or null for exact search)
     entries.json     list of entries (every field of bank.Entry), in uid order
     embeddings.npy   [N, D] float32 key embeddings, row i = entries.json[i]
