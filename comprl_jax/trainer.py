@@ -114,6 +114,9 @@ class Trainer:
         # to the join), so search & ask is answered during that rollout, on the ask thread of the continuous engine.
         self.overlap_extractor = self.actor_mesh is not None and cfg.mesh.placement == "disjoint"
         self._pending: list[PendingUpdate] = []
+        # An extractor sampler refresh not yet in a metrics row (it may happen at an evaluation's or a checkpoint's
+        # join, between rows): the next logged row reports it.
+        self._refresh_unreported = False
         self.timeline: list[dict] = []
         tok = None
         if "tiny" in (cfg.actor.model, cfg.extractor.model) or any(
@@ -504,7 +507,7 @@ class Trainer:
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
         # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout;
         # the extractor's sampler takes their weights now (it answered this rollout's search & ask with the older).
-        refreshed = self.join_extractor()
+        self.join_extractor()
         # 3. advantages (infra failures are out of every statistic)
         K = cfg.rollout.group_size
         rewards = np.array([outcome(t) for t in trajs], np.float32)
@@ -561,8 +564,9 @@ class Trainer:
             fut.result()
             if cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0:
                 self.track.merge(step)
-        if refreshed:  # the sampler copy's device time (sampling.layout)
+        if fetch and self._refresh_unreported:  # the sampler copy's device time (sampling.layout)
             metrics["extractor/rollout_refresh_s"] = self.extractor.refresh_seconds()
+            self._refresh_unreported = False
         if self.train_extractor:
             self._start_extractor_updates(step, metrics)
             if not self.overlap_extractor:
@@ -653,6 +657,7 @@ class Trainer:
             row["extractor/updates"] = float(len(outs))
         if refresh and self.extractor is not None and self.extractor.apply_refresh():
             self.track.sampler_refreshed()
+            self._refresh_unreported = True
             return True
         return False
 
