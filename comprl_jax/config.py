@@ -194,6 +194,11 @@ def base_config() -> ml_collections.ConfigDict:
     # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in trainer steps; 0 = off.
     c.extractor.recency_tau = 2.0
     c.extractor.distill_from = "all"
+    # Producer-consumer distillation (SPEC §6; the release distils in its memory manager's background): step s's
+    # distillation generates during step s+1's rollout and its ops reach the bank after that rollout (a fixed
+    # point), so rollout s+1 retrieves from the bank as of step s-1. False: distilled and applied within step s
+    # (overlapping only the actor update), so rollout s+1 sees step s's lessons.
+    c.extractor.background_distill = True
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
     # Rows per extractor generation call (distillation, search & ask): 0 = every prompt of a call at once. Each
@@ -640,6 +645,8 @@ ADDED_KEYS = {
     # runs before issue 28: evaluation played min(eval_tasks, ...) tasks, the offline bank was not deduplicated
     "train.eval_full_splits": False,
     "bank.offline_dedup": 0.0,
+    # runs before issue 28's producer-consumer distillation applied a step's lessons within the step
+    "extractor.background_distill": False,
 }
 
 

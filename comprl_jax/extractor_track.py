@@ -10,8 +10,10 @@ replays bit-identically. Evaluation uses read-only searches and its own PRNG str
 Every extractor call returns :class:`~comprl_jax.experience.sample.Generation`s: the sampled ids, the prompt ids
 the sampler consumed, the behaviour logprobs and the extractor version (updates so far) that wrote them. They are
 the extractor's off-policy training samples (CISPO's importance weight needs the writer's logprobs).
-Overlap: ``distill_async`` runs the manager's distillation (extractor generation + ops) in a background thread
-while the main thread runs the actor update; jitted calls on the two models overlap through async dispatch.
+Overlap: ``distill_launch`` reads the prompts from the bank, reserves the call's key and starts the generation in a
+background thread; ``distill_apply`` applies its ops later, on the trainer's thread (the trainer lets it run during
+the next rollout, or only during the actor update: ``extractor.background_distill``). Jitted calls of the two
+models overlap through async dispatch; calls on one sampler are serialised by its lock.
 
 Multi-process (``multi_process=True``, set by the trainer from ``distributed.multi()``): every process holds an
 identical manager and calls it identically.
@@ -26,6 +28,7 @@ trainer checks the replicas' digests at every checkpoint.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import json
 import os
 import time
@@ -57,6 +60,17 @@ def ops_regex(max_title: int = 20, max_content: int = 80) -> str:
     add = r'\{"function_name": "add", "parameters": \{"new_memory": "' + lesson + r'"\}\}'
     ret = r'\{"function_name": "return"\}'
     return r"<answer>\[(" + add + "|" + ret + r")\]</answer>"
+
+
+@dataclasses.dataclass
+class PendingDistill:
+    """A distillation whose generation runs in the background (:meth:`ExtractorTrack.distill_launch`): the
+    requests, the uids each prompt showed, the prompts, and the future of the generations."""
+
+    requests: list[DistillRequest]
+    shown: list[list[int]]
+    prompts: list[str]
+    future: cf.Future
 
 
 class ExtractorTrack:
@@ -136,9 +150,11 @@ class ExtractorTrack:
         self.calls += 1
         return self.generate(prompts, key)
 
-    def generate(self, prompts: Sequence[str], key) -> list[Generation]:
+    def generate(self, prompts: Sequence[str], key, version: int | None = None) -> list[Generation]:
         """One batched extractor call: chat template, left-truncation to the context, constrained ops for tiny
-        extractors. Returns the text and the exact token record of every response."""
+        extractors. Returns the text and the exact token record of every response, labelled with ``version``
+        (default: the sampler's version now)."""
+        version = self.sampler_version if version is None else version
         tok = self.tokenizer
         ids = [tok.encode_user_prompt(p) for p in prompts]
         room = self.c.extractor.max_context - self.sp.max_new_tokens
@@ -168,7 +184,7 @@ class ExtractorTrack:
                     prompt_ids=tuple(int(i) for i in prompt_ids),
                     response_ids=tuple(int(i) for i in sampled),
                     logprobs=tuple(float(x) for x in res.logprobs[b, :n]),
-                    version=self.sampler_version,
+                    version=version,
                 )
             )
         return out
@@ -225,9 +241,20 @@ class ExtractorTrack:
                 self.mgr.record_refine_outcome(key, t.success)
 
     def distill_async(self, trajs: Sequence[Trajectory], step: int, every: bool = False) -> cf.Future:
-        """Distils this step's finished episodes (``extractor.distill_from``, or all with ``every``, e.g. the
-        offline build's free rollouts; never infra-failed ones)."""
-        reqs = [
+        """Distils finished episodes and applies the ops in the background (the offline build; the trainer's
+        steps use :meth:`distill_launch` / :meth:`distill_apply`); ``every``: all episodes, e.g. the offline
+        build's free rollouts (never infra-failed ones)."""
+        reqs = self._requests(trajs, step, every)
+        if self.inline:
+            fut: cf.Future = cf.Future()
+            fut.set_result(self.mgr.distill(reqs))
+            return fut
+        return self._executor.submit(self.mgr.distill, reqs)
+
+    def _requests(self, trajs: Sequence[Trajectory], step: int, every: bool) -> list[DistillRequest]:
+        """This step's finished episodes to distil (``extractor.distill_from``, or all with ``every``; never
+        infra-failed ones)."""
+        return [
             DistillRequest(
                 task_id=t.spec.task.env_id,
                 goal=t.goal,
@@ -240,11 +267,38 @@ class ExtractorTrack:
             for t in trajs
             if (every or self.c.extractor.distill_from == "all" or t.spec.guided) and not t.infra_failed
         ]
+
+    def distill_launch(self, trajs: Sequence[Trajectory], step: int) -> PendingDistill:
+        """Producer-consumer distillation (SPEC §6; the release's memory manager distils in the background): the
+        prompts are read from the bank now, the generation starts in the background (inline on several
+        processes), and nothing changes the bank until :meth:`distill_apply` at the trainer's fixed point. The
+        call's PRNG key and the version label are taken now, so whatever else calls the extractor meanwhile (search
+        & ask on the rollout's ask thread, a merge) cannot change what this call samples."""
+        reqs = self._requests(trajs, step, every=False)
+        shown, prompts = self.mgr.distill_prompts(reqs)
+        key = None
+        if prompts:
+            key = jax.random.fold_in(jax.random.key(self.seed + 7919), self.calls)
+            self.calls += 1
+        version = self.sampler_version
+
+        def run() -> list[Generation]:
+            return self.generate(prompts, key, version) if prompts else []
+
         if self.inline:
             fut: cf.Future = cf.Future()
-            fut.set_result(self.mgr.distill(reqs))
-            return fut
-        return self._executor.submit(self.mgr.distill, reqs)
+            fut.set_result(run())
+        else:
+            fut = self._executor.submit(run)
+        return PendingDistill(reqs, shown, prompts, fut)
+
+    def distill_apply(self, pending: PendingDistill) -> float:
+        """Waits for a launched distillation and applies its ops to the bank; returns the seconds waited."""
+        t0 = time.perf_counter()
+        responses = pending.future.result()
+        waited = time.perf_counter() - t0
+        self.mgr.apply_distilled(pending.requests, pending.shown, pending.prompts, responses)
+        return waited
 
     def merge(self, step: int) -> dict:
         return self.mgr.merge(step)

@@ -5,12 +5,18 @@ Step s (:meth:`Trainer.train_step` follows this order):
   2. rollout    play all episodes (env pools <-> actor sampler), token in / token out; guided episodes may use
                 search & ask (the extractor answers as a tool turn).
   3. advantages subgroup-normalised (guided vs free) outcome advantages; infra failures masked out.
-  4. extractor  record entry rewards into the buffer; start distilling this step's trajectories.
-  5. actor      ``actor.updates_per_batch`` PPO-clip steps on the batch (overlaps the distillation).
-  6. bank       apply the distilled ops; merge every ``bank.merge_every`` steps; one extractor CISPO update per
-                full buffer batch.
+  4. extractor  record entry rewards into the buffer.
+  5. actor      ``actor.updates_per_batch`` PPO-clip steps on the batch.
+  6. bank       one extractor CISPO update per full buffer batch (dispatched); distil this step's trajectories;
+                merge every ``bank.merge_every`` steps.
   7. metrics / checkpoint.
-All bank mutations happen at fixed points of the step in a fixed order, so a resumed run is bit-identical.
+Distillation is producer-consumer (``extractor.background_distill``, the default): step s's generates in the
+background during step s+1's rollout, and its ops reach the bank right after that rollout (or at a checkpoint, an
+evaluation or the end: :meth:`Trainer.join_distill`). With it off, a step's distillation overlaps only its actor
+update and is applied before its extractor updates. The bank is changed only by the trainer's thread, at these
+fixed points in a fixed order: the rollout reads a bank nothing writes, and the extractor trains on host batches
+built before its updates (the release's freeze of the bank while the extractor trains holds by construction).
+A resumed run is bit-identical.
 
 Methods are flags (:data:`comprl_jax.config.METHOD_FLAGS`): ``actor.train``, ``extractor.train``,
 ``experience.enabled`` and ``bank.offline`` (the offline bank is built before step 0, outside ``train.steps``).
@@ -43,7 +49,7 @@ from comprl_jax import metrics as mlib
 from comprl_jax.checkpoint import RunCheckpointer
 from comprl_jax.envs import registry
 from comprl_jax.experience.retrieval import blank_experience
-from comprl_jax.extractor_track import ExtractorTrack
+from comprl_jax.extractor_track import ExtractorTrack, PendingDistill
 from comprl_jax.model_zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
 from comprl_jax.rl.losses import loss_config
@@ -117,6 +123,10 @@ class Trainer:
         # An extractor sampler refresh not yet in a metrics row (it may happen at an evaluation's or a checkpoint's
         # join, between rows): the next logged row reports it.
         self._refresh_unreported = False
+        # Producer-consumer distillation (extractor.background_distill): step s's distillation generates during
+        # step s+1's rollout; its ops reach the bank at the next join (join_distill), a fixed point of the step.
+        self._distilling: PendingDistill | None = None
+        self._distill_wait_s = 0.0
         self.timeline: list[dict] = []
         tok = None
         if "tiny" in (cfg.actor.model, cfg.extractor.model) or any(
@@ -529,8 +539,11 @@ class Trainer:
                 s[1] += 1
         metrics: dict[str, Any] = {}
         t_x = time.perf_counter()
-        # 4. extractor: entry rewards, then distillation in the background (frozen bank for Offline Exp.)
-        fut = None
+        # 4. extractor: entry rewards, then distillation (frozen bank for Offline Exp.)
+        distill = self.track is not None and not self.offline
+        background = distill and cfg.extractor.background_distill
+        metrics["time/distill_wait_s"], self._distill_wait_s = self._distill_wait_s, 0.0
+        now = None
         if self.train_extractor:
             self.track.record_outcomes(trajs)
         # 5. actor update (async dispatch: returns before the device finishes)
@@ -550,25 +563,34 @@ class Trainer:
             actor_metrics = roles.dispatch_update(self.actor, batch)
             if self.sft_slots:
                 metrics["actor/sft_rows"] = float(len(sft))
-        if self.track is not None and not self.offline:
-            # Overlaps the actor update: a thread on one process, inline after the actor's async dispatch on
-            # several (one thread issues all jitted calls, in order).
-            fut = self.track.distill_async(trajs, step)
+        if distill and not background:
+            # Synchronous: overlaps the actor update (a thread on one process, inline after the actor's async
+            # dispatch on several: one thread issues all jitted calls, in order); applied below, in this step.
+            now = self.track.distill_launch(trajs, step)
         if actor_metrics is not None and fetch:
             metrics.update({f"actor/{k}": v for k, v in jax.device_get(actor_metrics).items()})
             # the sampler's weight copy (sampling.layout), refreshed after the update
             metrics["actor/rollout_refresh_s"] = self.actor.refresh_seconds()
         metrics["time/update_s"] = time.perf_counter() - t_up
         # 6. bank: ops applied, merge, extractor updates
-        if fut is not None:
-            fut.result()
-            if cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0:
+        merge_now = distill and cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0
+        if now is not None:
+            metrics["time/distill_wait_s"] += self.track.distill_apply(now)
+            if merge_now:
                 self.track.merge(step)
         if fetch and self._refresh_unreported:  # the sampler copy's device time (sampling.layout)
             metrics["extractor/rollout_refresh_s"] = self.extractor.refresh_seconds()
             self._refresh_unreported = False
         if self.train_extractor:
             self._start_extractor_updates(step, metrics)
+        if background:
+            # Launched after the updates' dispatch: on a layout whose sampler reads the training state, the
+            # sampler then holds its copy of the weights before them (roles.dispatch_update), which the
+            # distillation samples while the updates run; the generation overlaps the next rollout.
+            self._distilling = self.track.distill_launch(trajs, step)
+            if merge_now:
+                self.track.merge(step)
+        if self.train_extractor:
             if not self.overlap_extractor:
                 self.join_extractor(refresh=False)  # the sampler's refresh stays at its fixed point (above)
         if self.track is not None:
@@ -642,6 +664,9 @@ class Trainer:
         at a checkpoint, an evaluation or the end. A co-located run joins its updates at the end of their own step
         with ``refresh=False``, so its search & ask during the next rollout samples the same weights as a disjoint
         run's, whose updates are still running then (tests/test_placement.py)."""
+        if refresh:
+            # a refresh changes the weights a running distillation samples: it is joined first
+            self.join_distill()
         pending, self._pending = self._pending, []
         by_row: dict[int, list] = {}
         for p in pending:
@@ -660,6 +685,15 @@ class Trainer:
             self._refresh_unreported = True
             return True
         return False
+
+    def join_distill(self) -> None:
+        """Waits for the background distillation (if any) and applies its ops to the bank. Called where the
+        extractor's sampler is refreshed (after the rollout, at checkpoints, evaluations and the end), so its
+        fixed points are those of the refresh whatever the placement; the wait goes to the next row's
+        ``time/distill_wait_s``."""
+        pending, self._distilling = self._distilling, None
+        if pending is not None:
+            self._distill_wait_s += self.track.distill_apply(pending)
 
     @property
     def extractor_pending(self) -> bool:

@@ -182,6 +182,59 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     assert any(k.startswith("critic/") for k in rows[-1]) and "actor/sft_rows" in rows[-1]
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_distillation_is_producer_consumer(background, tmp_path, compile_cache):
+    """Issue 28.2: with ``extractor.background_distill`` (the default) step s's distillation generates on a
+    background thread during step s+1's rollout, and its ops reach the bank only after that rollout: rollout s+1
+    retrieves from a bank without step s's lessons. Off: applied within step s, so rollout s+1 can see them."""
+    import threading
+
+    from comprl_jax import trainer as trainer_lib
+
+    # no merges: they would replace the distilled entries whose steps the test follows
+    over = {"train.steps": 3, "bank.merge_every": 100, "extractor.background_distill": background}
+    c = load_config("minihack_room", "tiny", **over)
+    tr = trainer_lib.Trainer(c, str(tmp_path))
+    events: list[tuple] = []  # (what, step, ...) in the order they happened
+    rollout, apply, generate = tr.rollout, tr.track.distill_apply, tr.track.generate
+
+    def traced_rollout(tasks, *, guided_ok, step, key):
+        # the steps whose distillations wrote the bank's entries (a merge's entries carry the merge's step)
+        created = [e.created_step for e in tr.track.mgr.bank.entries.values() if e.kind == "distill"]
+        events.append(("rollout", step, created))
+        out = rollout(tasks, guided_ok=guided_ok, step=step, key=key)
+        events.append(("rollout_end", step))
+        return out
+
+    def traced_apply(pending):
+        events.append(("apply", pending.requests[0].step if pending.requests else None))
+        return apply(pending)
+
+    def traced_generate(prompts, key, version=None):
+        events.append(("generate", threading.current_thread() is threading.main_thread()))
+        return generate(prompts, key, version)
+
+    tr.rollout, tr.track.distill_apply, tr.track.generate = traced_rollout, traced_apply, traced_generate
+    try:
+        rows = [tr.train_step() for _ in range(3)]
+        tr.join_extractor()
+    finally:
+        tr.close()
+    applies = [(i, e[1]) for i, e in enumerate(events) if e[0] == "apply"]
+    assert [s for _, s in applies] == [0, 1, 2]
+    ends = {e[1]: i for i, e in enumerate(events) if e[0] == "rollout_end"}
+    starts = {e[1]: e[2] for e in events if e[0] == "rollout"}
+    assert all("time/distill_wait_s" in r for r in rows)
+    if background:
+        # applied after the next rollout (the last one at the final join), generated off the main thread
+        assert applies[0][0] > ends[1] and applies[1][0] > ends[2]
+        assert starts[1] == [] and set(starts[2]) == {0}, starts  # step 0's lessons first appear in rollout 2
+        assert any(e[0] == "generate" and not e[1] for e in events)
+    else:
+        assert applies[0][0] < ends[1] and applies[1][0] < ends[2]
+        assert set(starts[1]) == {0} and set(starts[2]) == {0, 1}, starts  # rollout s+1 sees step s's lessons
+
+
 def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
     """The paper-scale update and rollout paths on tiny models: episodes in waves of one row, per-layer remat
     and the chunked output head for both roles."""

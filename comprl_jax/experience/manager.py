@@ -267,9 +267,17 @@ class ExperienceManager:
         return out
 
     def distill(self, requests: Sequence[DistillRequest]) -> list[ApplyResult]:
-        """One batched extractor call over finished episodes, then their ops (synchronous)."""
+        """One batched extractor call over finished episodes, then their ops (synchronous):
+        :meth:`distill_prompts`, the manager's extractor_fn, :meth:`apply_distilled`."""
         if self.extractor_fn is None:
             raise ValueError("distill needs an extractor_fn")
+        shown, prompts = self.distill_prompts(requests)
+        return self.apply_distilled(requests, shown, prompts, list(self.extractor_fn(prompts)))
+
+    def distill_prompts(self, requests: Sequence[DistillRequest]) -> tuple[list[list[int]], list[str]]:
+        """The prompts of a distillation call (reads the bank: the lessons each request is shown) and the uids
+        shown per request. Split from :meth:`apply_distilled` so that the generation between them can run in the
+        background while the bank stays as it is (the trainer applies the ops at a fixed point later)."""
         shown, prompts = [], []
         max_chars = self.bank.cfg.max_entry_chars
         for r in requests:
@@ -278,7 +286,16 @@ class ExperienceManager:
                 texts = [self.bank.entries[u].text if u in self.bank.entries else "" for u in s]
             shown.append(s)
             prompts.append(distill_prompt(r.goal, r.success, r.trajectory, texts, max_chars))
-        responses = list(self.extractor_fn(prompts))  # str or Generation each
+        return shown, prompts
+
+    def apply_distilled(
+        self,
+        requests: Sequence[DistillRequest],
+        shown: Sequence[Sequence[int]],
+        prompts: Sequence[str],
+        responses: Sequence[str | Generation],
+    ) -> list[ApplyResult]:
+        """The ops of a distillation call's ``responses`` (str or Generation each, one per prompt), in order."""
         if len(responses) != len(prompts):
             raise ValueError(f"extractor_fn returned {len(responses)} responses for {len(prompts)} prompts")
         return [

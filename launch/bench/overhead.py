@@ -6,7 +6,9 @@ Builds both trainers in one process (same seed, same tasks, same tiny actor), ru
 machine load hits both alike, drops each one's warm-up steps (compilation), and prints one JSON line:
 {"bench": "overhead", "crl_rollout_s", "baseline_rollout_s", "ratio", "split": {...}} where ratio is the mean
 rollout time per step of Complementary RL divided by the baseline's (paper: 0.98-1.00x; target <= 1.05), and
-split is Complementary RL's mean time per step in rollout / actor update / extraction wait. ``search_ms`` and
+split is Complementary RL's mean time per step in rollout / actor update / extraction / waiting for the background
+distillation (``time/distill_wait_s``: the part of it the next rollout did not hide); ``step_ratio``: whole
+``train_step`` wall time, Complementary RL over the baseline. ``search_ms`` and
 ``search_ask_ms``: p50 / p99 over the measured steps of one retrieval batch (the guided episodes' starts) and of
 one search & ask call (retrieval plus the extractor's answer).
 
@@ -20,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 from absl import app, flags
 
@@ -60,7 +63,8 @@ def main(argv):
         runs[method] = Trainer(load_config("minihack_room", variant, **over), tempfile.mkdtemp())
     times = {m: [] for m in runs}
     turns = {m: [] for m in runs}
-    split = {"rollout_s": [], "update_s": [], "extraction_s": []}
+    split = {"rollout_s": [], "update_s": [], "extraction_s": [], "distill_wait_s": []}
+    steps = {m: [] for m in runs}  # whole train_step wall time
     try:
         track = runs["complementary"].track
         marks = (0, 0)
@@ -68,7 +72,9 @@ def main(argv):
             if i == _WARMUP.value:  # latencies of the measured steps only
                 marks = (len(track.search_ms), len(track.ask_ms))
             for method, tr in runs.items():
+                t0 = time.perf_counter()
                 m = tr.train_step()
+                steps[method].append(time.perf_counter() - t0)
                 times[method].append(m["time/rollout_s"])
                 turns[method].append(
                     m["actions_per_episode"]
@@ -106,6 +112,9 @@ def main(argv):
                 "crl_s_per_turn": round(crl_t, 5),
                 "baseline_s_per_turn": round(base_t, 5),
                 "ratio_per_turn": round(crl_t / base_t, 3),
+                "crl_step_s": round(mean(steps["complementary"]), 3),
+                "baseline_step_s": round(mean(steps["baseline"]), 3),
+                "step_ratio": round(mean(steps["complementary"]) / mean(steps["baseline"]), 3),
                 "split": {k: round(mean(v), 3) for k, v in split.items()},
                 "devices": _DEVICES.value or 1,
                 **{
