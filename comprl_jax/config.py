@@ -71,6 +71,7 @@ METHODS = (*METHOD_FLAGS, "custom")
 ADV_NORMS = ("mean_std", "mean")
 BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
+DISTILL_OVERLAPS = ("auto", "rollout", "update")  # extractor.distill_overlap
 PLACEMENTS = ("colocated", "disjoint")
 PARTITIONS = ("shared", "task")
 DTYPES = ("float32", "bfloat16")  # actor/extractor.param_dtype and dtype (models.config.DTYPES allows these)
@@ -194,11 +195,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in trainer steps; 0 = off.
     c.extractor.recency_tau = 2.0
     c.extractor.distill_from = "all"
-    # Producer-consumer distillation (SPEC §6; the release distils in its memory manager's background): step s's
-    # distillation generates during step s+1's rollout and its ops reach the bank after that rollout (a fixed
-    # point), so rollout s+1 retrieves from the bank as of step s-1. False: distilled and applied within step s
-    # (overlapping only the actor update), so rollout s+1 sees step s's lessons.
-    c.extractor.background_distill = True
+    # What a step's distillation overlaps. "rollout": producer-consumer (SPEC §6; the release distils in its memory
+    # manager's background): step s's distillation generates during step s+1's rollout and its ops reach the bank
+    # after that rollout (a fixed point), so rollout s+1 retrieves from the bank as of step s-1. "update": distilled
+    # during step s's actor update and applied within step s, so rollout s+1 sees step s's lessons. "auto":
+    # "rollout" with mesh.placement=disjoint (the extractor's devices are idle during the rollout), else "update"
+    # (the distillation would take the rollout's own devices: launch/bench/overhead.py, WORKSPACE).
+    c.extractor.distill_overlap = "auto"
     c.extractor.micro_batch = 8
     c.extractor.max_context = 65536
     # Rows per extractor generation call (distillation, search & ask): 0 = every prompt of a call at once. Each
@@ -415,6 +418,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check(c.mesh.extractor_tensor >= 0, "mesh.extractor_tensor", "must be >= 0 (0 = mesh.tensor)")
     _check(c.extractor.rows_per_call >= 0, "extractor.rows_per_call", "must be >= 0 (0 = all rows at once)")
     _check(c.extractor.distill_from in DISTILL_FROM, "extractor.distill_from", f"not in {DISTILL_FROM}")
+    _check(
+        c.extractor.distill_overlap in DISTILL_OVERLAPS,
+        "extractor.distill_overlap",
+        f"not in {DISTILL_OVERLAPS}",
+    )
     _check(c.bank.key in BANK_KEYS, "bank.key", f"{c.bank.key!r} not in {BANK_KEYS}")
     _check(c.bank.partition in PARTITIONS, "bank.partition", f"{c.bank.partition!r} not in {PARTITIONS}")
     _check(c.bank.capacity >= 1, "bank.capacity", "must be >= 1")
@@ -646,7 +654,7 @@ ADDED_KEYS = {
     "train.eval_full_splits": False,
     "bank.offline_dedup": 0.0,
     # runs before issue 28's producer-consumer distillation applied a step's lessons within the step
-    "extractor.background_distill": False,
+    "extractor.distill_overlap": "update",
 }
 
 

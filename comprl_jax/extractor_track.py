@@ -12,7 +12,7 @@ the sampler consumed, the behaviour logprobs and the extractor version (updates 
 the extractor's off-policy training samples (CISPO's importance weight needs the writer's logprobs).
 Overlap: ``distill_launch`` reads the prompts from the bank, reserves the call's key and starts the generation in a
 background thread; ``distill_apply`` applies its ops later, on the trainer's thread (the trainer lets it run during
-the next rollout, or only during the actor update: ``extractor.background_distill``). Jitted calls of the two
+the next rollout, or only during the actor update: ``extractor.distill_overlap``). Jitted calls of the two
 models overlap through async dispatch; calls on one sampler are serialised by its lock.
 
 Multi-process (``multi_process=True``, set by the trainer from ``distributed.multi()``): every process holds an

@@ -10,10 +10,11 @@ Step s (:meth:`Trainer.train_step` follows this order):
   6. bank       one extractor CISPO update per full buffer batch (dispatched); distil this step's trajectories;
                 merge every ``bank.merge_every`` steps.
   7. metrics / checkpoint.
-Distillation is producer-consumer (``extractor.background_distill``, the default): step s's generates in the
-background during step s+1's rollout, and its ops reach the bank right after that rollout (or at a checkpoint, an
-evaluation or the end: :meth:`Trainer.join_distill`). With it off, a step's distillation overlaps only its actor
-update and is applied before its extractor updates. The bank is changed only by the trainer's thread, at these
+Distillation is producer-consumer with ``extractor.distill_overlap="rollout"`` (what ``auto`` picks on disjoint
+placement): step s's generates in the background during step s+1's rollout, and its ops reach the bank right after
+that rollout (or at a checkpoint, an evaluation or the end: :meth:`Trainer.join_distill`). With ``"update"`` (auto's
+choice where the roles share devices) a step's distillation overlaps its actor update and is applied before its
+extractor updates. The bank is changed only by the trainer's thread, at these
 fixed points in a fixed order: the rollout reads a bank nothing writes, and the extractor trains on host batches
 built before its updates (the release's freeze of the bank while the extractor trains holds by construction).
 A resumed run is bit-identical.
@@ -123,8 +124,12 @@ class Trainer:
         # An extractor sampler refresh not yet in a metrics row (it may happen at an evaluation's or a checkpoint's
         # join, between rows): the next logged row reports it.
         self._refresh_unreported = False
-        # Producer-consumer distillation (extractor.background_distill): step s's distillation generates during
-        # step s+1's rollout; its ops reach the bank at the next join (join_distill), a fixed point of the step.
+        # Producer-consumer distillation (extractor.distill_overlap="rollout"; auto on disjoint placement): step s's
+        # distillation generates during step s+1's rollout; its ops reach the bank at the next join (join_distill).
+        overlap = cfg.extractor.distill_overlap
+        self.distill_overlap = (
+            ("rollout" if self.overlap_extractor else "update") if overlap == "auto" else overlap
+        )
         self._distilling: PendingDistill | None = None
         self._distill_wait_s = 0.0
         self.timeline: list[dict] = []
@@ -541,7 +546,7 @@ class Trainer:
         t_x = time.perf_counter()
         # 4. extractor: entry rewards, then distillation (frozen bank for Offline Exp.)
         distill = self.track is not None and not self.offline
-        background = distill and cfg.extractor.background_distill
+        background = distill and self.distill_overlap == "rollout"
         metrics["time/distill_wait_s"], self._distill_wait_s = self._distill_wait_s, 0.0
         now = None
         if self.train_extractor:

@@ -30,6 +30,9 @@ OVER = {
     "env.max_turns": 8,
     "train.steps": 4,
     "checkpoint.every": 10,  # a checkpoint joins the update in flight; keep them out of the way
+    # auto would pick "rollout" for the disjoint run and "update" for the co-located one; the co-located run takes
+    # the disjoint run's schedule, so that only the placement differs
+    "extractor.distill_overlap": "rollout",
     # Search & ask on (the default): the disjoint run's extractor sampler answers during the next rollout while the
     # update runs, with the weights from before it, as the co-located run's does (trainer.join_extractor).
 }

@@ -182,17 +182,18 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     assert any(k.startswith("critic/") for k in rows[-1]) and "actor/sft_rows" in rows[-1]
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_distillation_is_producer_consumer(background, tmp_path, compile_cache):
-    """Issue 28.2: with ``extractor.background_distill`` (the default) step s's distillation generates on a
-    background thread during step s+1's rollout, and its ops reach the bank only after that rollout: rollout s+1
-    retrieves from a bank without step s's lessons. Off: applied within step s, so rollout s+1 can see them."""
+@pytest.mark.parametrize("overlap", ["rollout", "update"])
+def test_distillation_is_producer_consumer(overlap, tmp_path, compile_cache):
+    """Issue 28.2: with ``extractor.distill_overlap="rollout"`` (auto's choice on disjoint placement) step s's
+    distillation generates on a background thread during step s+1's rollout, and its ops reach the bank only after
+    that rollout: rollout s+1 retrieves from a bank without step s's lessons. ``"update"``: applied within step s,
+    so rollout s+1 sees them."""
     import threading
 
     from comprl_jax import trainer as trainer_lib
 
     # no merges: they would replace the distilled entries whose steps the test follows
-    over = {"train.steps": 3, "bank.merge_every": 100, "extractor.background_distill": background}
+    over = {"train.steps": 3, "bank.merge_every": 100, "extractor.distill_overlap": overlap}
     c = load_config("minihack_room", "tiny", **over)
     tr = trainer_lib.Trainer(c, str(tmp_path))
     events: list[tuple] = []  # (what, step, ...) in the order they happened
@@ -225,7 +226,7 @@ def test_distillation_is_producer_consumer(background, tmp_path, compile_cache):
     ends = {e[1]: i for i, e in enumerate(events) if e[0] == "rollout_end"}
     starts = {e[1]: e[2] for e in events if e[0] == "rollout"}
     assert all("time/distill_wait_s" in r for r in rows)
-    if background:
+    if overlap == "rollout":
         # applied after the next rollout (the last one at the final join), generated off the main thread
         assert applies[0][0] > ends[1] and applies[1][0] > ends[2]
         assert starts[1] == [] and set(starts[2]) == {0}, starts  # step 0's lessons first appear in rollout 2

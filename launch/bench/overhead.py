@@ -1,6 +1,6 @@
 """Rollout wall time of Complementary RL vs the outcome-only baseline on the same `:tiny` config (issue 7).
 
-  python launch/bench/overhead.py [--warmup=3 --steps=5] [--devices=8]
+  python launch/bench/overhead.py [--warmup=3 --steps=5] [--devices=8] [--distill_overlap=auto|rollout|update]
 
 Builds both trainers in one process (same seed, same tasks, same tiny actor), runs them in alternation so that
 machine load hits both alike, drops each one's warm-up steps (compilation), and prints one JSON line:
@@ -30,6 +30,9 @@ _STEPS = flags.DEFINE_integer("steps", 5, "measured steps per method")
 _WARMUP = flags.DEFINE_integer(
     "warmup", 3, "unmeasured steps per method first (compilation of the shape buckets)"
 )
+_OVERLAP = flags.DEFINE_enum(
+    "distill_overlap", "auto", ["auto", "rollout", "update"], "extractor.distill_overlap for Complementary RL"
+)
 _DEVICES = flags.DEFINE_integer("devices", 0, "fake CPU devices (8: disjoint placement, 4 per role); 0: one")
 
 
@@ -45,7 +48,12 @@ def main(argv):
     from comprl_jax.trainer import Trainer
 
     total = _WARMUP.value + _STEPS.value
-    over = {"train.steps": total, "rollout.tasks_per_step": 2, "env.max_turns": 6}
+    over = {
+        "train.steps": total,
+        "rollout.tasks_per_step": 2,
+        "env.max_turns": 6,
+        "extractor.distill_overlap": _OVERLAP.value,
+    }
     if _DEVICES.value:
         over.update(
             {
@@ -117,6 +125,7 @@ def main(argv):
                 "step_ratio": round(mean(steps["complementary"]) / mean(steps["baseline"]), 3),
                 "split": {k: round(mean(v), 3) for k, v in split.items()},
                 "devices": _DEVICES.value or 1,
+                "distill_overlap": _OVERLAP.value,
                 **{
                     k: {"p50": _pct(v, 50), "p99": _pct(v, 99), "n": len(v)} if v else None
                     for k, v in searches.items()
