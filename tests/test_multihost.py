@@ -107,7 +107,11 @@ def test_two_processes_identical_replicas(tmp_path, placement, steps, request, x
     assert d0 == d1 and d0["step"] == steps
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(steps))  # process 0 writes the metrics
-    assert rows[-1]["bank/size"] >= 1 and rows[-1]["bank/searches"] > 0
+    assert rows[-1]["bank/searches"] > 0
+    # Disjoint overlaps a step's distillation with the next rollout (extractor.distill_overlap=auto): its lessons
+    # reach the bank at the next join (here the checkpoint), after the step's metrics row was written.
+    store = json.loads((work / "experience" / str(steps) / "entries.json").read_text())
+    assert len(store) >= 1 and (placement == "disjoint" or rows[-1]["bank/size"] == len(store))
     assert rows[-1]["actor/step"] == steps  # one optimizer step per rollout batch, on every process
     # The update saw a learning signal exactly when some group had mixed outcomes (non-zero advantages); 8 random
     # episodes a step may hold no success at all, so which case a run lands in is up to its random stream.
@@ -115,7 +119,6 @@ def test_two_processes_identical_replicas(tmp_path, placement, steps, request, x
     assert any(r.get("actor/grad_norm", 0) > 0 for r in rows) == signal
     # One Orbax checkpoint per step (every process took part) and one experience store (process 0 wrote it).
     assert sorted(os.listdir(work / "checkpoints")) == [str(s) for s in range(1, steps + 1)]
-    assert (work / "experience" / str(steps) / "entries.json").exists()
 
 
 def test_two_processes_resume_exactly(tmp_path, colocated_two_steps, xla_cache):

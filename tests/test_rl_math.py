@@ -217,11 +217,12 @@ def test_an_older_runs_config_json_is_upgraded_to_the_loss_sub_dicts():
     old = {"actor": {"lr": 1e-3, "clip_eps": 0.3, "ratio": "sequence"}, "extractor": {"cispo_eps": 0.2}}
     new = config_lib.upgrade_saved(old)
     # runs from before partial fine-tuning trained every layer; before issue 27 they computed in float32 and
-    # sampled from the training layout
+    # sampled from the training layout; before issue 28's producer-consumer distillation they applied a step's
+    # lessons within the step
     f32 = {"trainable_layers": 0, "param_dtype": "float32", "dtype": "float32", "rollout_tensor": 0}
     assert new == {
         "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}, **f32},
-        "extractor": {"loss": {"clip_eps": 0.2}, **f32},
+        "extractor": {"loss": {"clip_eps": 0.2}, **f32, "distill_overlap": "update"},
     }
     assert old["actor"]["clip_eps"] == 0.3  # a copy
     current = config_lib.build("tiny", "t").to_dict()
