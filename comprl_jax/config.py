@@ -109,7 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.max_context = 32768  # actor max sequence length (a cap: each env's own context under it)
     # Episodes played at once (0 = the whole step); must divide the step's episodes
     c.rollout.rows_per_wave = 0
-    # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/slot_rollout.py);
+    # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/rollout/continuous.py);
     # "lockstep": one sampler call per turn for every live episode, then every env step (rollout.run_episodes).
     # Both sample reply i of episode b with its own key (b, i): the same trajectories either way.
     # Multi-process runs always use lockstep (identical call order on every process; see slot_rollout.py).

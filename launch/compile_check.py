@@ -273,7 +273,7 @@ def role_devices(c, devices):
 
 
 def role_mesh(c, name: str, spec: str, devices):
-    from comprl_jax import sharding as shd
+    from comprl_jax.runtime import sharding as shd
 
     if spec == "config":
         t = c.mesh.tensor if name == "actor" else (c.mesh.extractor_tensor or c.mesh.tensor)
@@ -391,7 +391,7 @@ def actor_sft(c) -> bool:
 
 
 def update_batch(c, role: RoleSetup, rows: int, with_old: bool):
-    from comprl_jax import sharding as shd
+    from comprl_jax.runtime import sharding as shd
 
     sh = shd.named_sharding(role.mesh, ("batch",))
     T = role.seq_len
@@ -420,8 +420,8 @@ def _train_pieces(c, role: RoleSetup):
     import jax
     import jax.numpy as jnp
 
-    from comprl_jax import roles
     from comprl_jax.rl.train_state import OptimConfig, TrainState, make_optimizer, train_state_shardings
+    from comprl_jax.roles import role as roles
 
     s = role.section
     tx = make_optimizer(OptimConfig(lr=s.lr, weight_decay=s.weight_decay, grad_clip=s.grad_clip))
@@ -503,8 +503,8 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
     import jax
     import jax.numpy as jnp
 
-    from comprl_jax import sharding as shd
     from comprl_jax.models import decoder
+    from comprl_jax.runtime import sharding as shd
     from comprl_jax.sampling import bucket
 
     decode_lib = importlib.import_module("comprl_jax.sampling.decode")  # the package re-exports decode()
@@ -533,9 +533,9 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
 def decode_fn(c, args, role: RoleSetup) -> Lowerable:
     import jax
 
-    from comprl_jax import roles
-    from comprl_jax import sharding as shd
     from comprl_jax.models import decoder
+    from comprl_jax.roles import role as roles
+    from comprl_jax.runtime import sharding as shd
 
     decode_lib = importlib.import_module("comprl_jax.sampling.decode")  # the package re-exports decode()
 

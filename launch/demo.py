@@ -49,7 +49,7 @@ def main(argv):
         f"[demo] Complementary RL, {config.env.tasks[0]}, tiny models, {config.train.steps} steps -> {workdir}"
     )
     try:
-        from comprl_jax import trainer
+        from comprl_jax.loop import trainer
         from comprl_jax.tables import eval_table
 
         out = trainer.run(config, workdir)

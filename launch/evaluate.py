@@ -45,8 +45,8 @@ def main(argv):
         )
     import ml_collections
 
+    from comprl_jax.loop.trainer import Trainer
     from comprl_jax.tables import eval_table
-    from comprl_jax.trainer import Trainer
 
     with open(path) as f:
         config = ml_collections.ConfigDict(config_lib.upgrade_saved(json.load(f)))

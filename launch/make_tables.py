@@ -47,7 +47,7 @@ def main(argv):
         with open(OUT.value, "w") as f:
             f.write(text)
     if PLOT.value:
-        from comprl_jax.metrics import plot_curves
+        from comprl_jax.runtime.metrics import plot_curves
 
         curves = {}
         for g in group_runs(runs):

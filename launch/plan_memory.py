@@ -1,7 +1,7 @@
 r"""Per-device memory plan for a model on a mesh: parameters, AdamW state, gradients and a KV cache.
 
 Nothing is allocated: the parameter tree comes from ``jax.eval_shape`` and each array's per-device shard shape
-from the logical-axis rules (``comprl_jax.sharding.DEFAULT_RULES``) on an abstract mesh, so a TPU v5p-64 plan
+from the logical-axis rules (``comprl_jax.runtime.sharding.DEFAULT_RULES``) on an abstract mesh, so a TPU v5p-64 plan
 runs on a laptop. Convention: AdamW keeps mu and nu in float32 (8 bytes per parameter) whatever the parameter
 dtype; gradients are in the parameter dtype; activations and XLA temporaries are NOT counted.
 
@@ -36,9 +36,9 @@ from absl import app, flags
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 
-from comprl_jax import sharding
 from comprl_jax.models.config import named_config
 from comprl_jax.models.decoder import CACHE_AXES, abstract_decoder
+from comprl_jax.runtime import sharding
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "qwen2.5-7b-instruct", "shipped model name, config.json path or HF folder")

@@ -643,7 +643,7 @@ def fwd_flops(shape: dict, tokens: float, context: float) -> float:
 
 
 def _bucket(n: int, cap: int) -> int:
-    from comprl_jax.batching import bucket
+    from comprl_jax.roles.batching import bucket
 
     return bucket(min(n, cap), maximum=cap)
 

@@ -131,7 +131,8 @@ def main(argv):
     workdir = os.path.abspath(_WORKDIR.value)
     undo = lu.prepare_workdir(workdir)
     try:
-        from comprl_jax import distributed, trainer
+        from comprl_jax.loop import trainer
+        from comprl_jax.runtime import distributed
 
         distributed.initialize(
             auto=_DISTRIBUTED.value,

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from comprl_jax import sharding as sh
-from comprl_jax.checkpoint import RunCheckpointer
+from comprl_jax.runtime import sharding as sh
+from comprl_jax.runtime.checkpoint import RunCheckpointer
 
 
 def _train_state(mesh, scale):

@@ -16,7 +16,6 @@ gguf = pytest.importorskip("gguf")
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from comprl_jax import sharding  # noqa: E402
 from comprl_jax.models import ModelConfig, gguf_io  # noqa: E402
 from comprl_jax.models import decoder as D  # noqa: E402
 from comprl_jax.models.gguf_io import (  # noqa: E402
@@ -28,6 +27,7 @@ from comprl_jax.models.gguf_io import (  # noqa: E402
     read_gguf_config,
     unpermute_qk,
 )
+from comprl_jax.runtime import sharding  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from comprl_jax import sharding
 from comprl_jax.models import ModelConfig
 from comprl_jax.models import decoder as D
 from comprl_jax.models import layers as L
 from comprl_jax.models.config import named_config
 from comprl_jax.models.hf_io import INDEX_FILE, load_hf, save_hf
+from comprl_jax.runtime import sharding
 
 
 def _values(params) -> dict[str, np.ndarray]:

@@ -84,7 +84,10 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles_in_the_package():
     graph = _import_graph()
-    assert "comprl_jax.trainer" in graph and "comprl_jax.rollout" in graph["comprl_jax.trainer"]
+    assert (
+        "comprl_jax.loop.trainer" in graph
+        and "comprl_jax.rollout.lockstep" in graph["comprl_jax.loop.trainer"]
+    )
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
 
 

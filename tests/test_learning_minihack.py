@@ -48,7 +48,7 @@ def _success(tr, n_tasks: int, **sampling) -> tuple[float, int]:
 
 @pytest.mark.slow
 def test_cpu_baseline_learns_room_5x5(tmp_path):
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     c = _bench().load(
         os.path.join(REPO, "configs/minihack_room.py") + ":cpu,baseline",

@@ -16,15 +16,15 @@ import pytest
 from test_experience_helpers import DIM, FakeClock, add, answer, hash_embed, mem
 
 from comprl_jax import config as config_lib
-from comprl_jax import evaluation
 from comprl_jax.envs import registry
 from comprl_jax.experience import BankConfig, BufferConfig, ExperienceManager, IndexConfig, RetrievalConfig
 from comprl_jax.experience.buffer import ExtractorBatch
 from comprl_jax.experience.retrieval import EmbedCache, diversify
 from comprl_jax.experience.sample import Generation, decode_record
+from comprl_jax.loop import evaluation
 from comprl_jax.rl import subgroup_advantages
-from comprl_jax.rollout import EpisodeSpec, Trajectory
-from comprl_jax.tasks import Task, TaskSampler
+from comprl_jax.rollout.lockstep import EpisodeSpec, Trajectory
+from comprl_jax.rollout.tasks import Task, TaskSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +86,7 @@ def test_fixed_level_env_really_has_one_level():
 def test_paper_scale_evaluation_plays_each_held_out_task_once():
     """train.eval_full_splits (the default): ALFWorld's 134 valid_unseen games and 140 valid_seen ones, WebShop's
     500 goals, whatever train.eval_tasks says; otherwise eval_tasks bounded by the split (no task twice)."""
-    from comprl_jax.evaluation import eval_tasks
+    from comprl_jax.loop.evaluation import eval_tasks
 
     full = {
         s: eval_tasks("comprl/ALFWorld-v0", 0, s, 128, 0, full=True) for s in ("valid_unseen", "valid_seen")
@@ -106,7 +106,7 @@ def test_paper_scale_evaluation_plays_each_held_out_task_once():
 
 def test_eval_pools_play_the_held_out_split():
     """Pools built with ``split=`` (what Trainer.eval_pools does) reset into the held-out games / goals."""
-    from comprl_jax.rollout import Pools
+    from comprl_jax.rollout.lockstep import Pools
 
     unseen = _split_task_keys("comprl/ALFWorld-v0", "valid_unseen")
     pools = Pools(["comprl/ALFWorld-v0"], 1, 1, "thread", 5, 120.0, env_kwargs={"split": "valid_unseen"})
@@ -152,7 +152,7 @@ def test_infra_failures_are_out_of_the_advantages_and_the_batch():
     np.testing.assert_allclose(
         adv[0], [(2 / 3) / (std + 1e-6), -(1 / 3) / (std + 1e-6), -(1 / 3) / (std + 1e-6), 0.0], rtol=1e-5
     )
-    from comprl_jax.train_batches import actor_batch
+    from comprl_jax.roles.train_batches import actor_batch
 
     trajs = [_traj(True, False), _traj(False, False), _traj(False, False), _traj(False, False, failed=True)]
     batch = actor_batch(trajs, np.ones(4, np.float32), np.zeros(4, np.int32), pad_id=0)
@@ -163,7 +163,7 @@ def test_infra_failures_are_out_of_the_advantages_and_the_batch():
 
 
 def test_infra_failed_episodes_give_no_extractor_reward_and_are_not_distilled():
-    from comprl_jax.extractor_track import ExtractorTrack
+    from comprl_jax.loop.extractor_track import ExtractorTrack
 
     m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock())
     m.apply_output("t", answer(add(mem("a", "go east"))), [], step=0, prompt="P")
@@ -179,7 +179,7 @@ def test_infra_failed_episodes_give_no_extractor_reward_and_are_not_distilled():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny tokenizer and config (the trainer's :tiny settings)."""
-    from comprl_jax.model_zoo import tiny_tokenizer
+    from comprl_jax.models.zoo import tiny_tokenizer
 
     c = config_lib.build("tiny", "t")
     corpus = ["Observation: go north east south west"] * 10 + ["lesson " + str(i) for i in range(50)]
@@ -187,8 +187,8 @@ def tiny(tmp_path_factory):
 
 
 def _role(tiny, name, loss, rows, lr):
-    from comprl_jax import roles
-    from comprl_jax.model_zoo import load_model
+    from comprl_jax.models.zoo import load_model
+    from comprl_jax.roles import role as roles
 
     tok, c = tiny
     section = c[name].copy_and_resolve_references()
@@ -201,10 +201,10 @@ def _role(tiny, name, loss, rows, lr):
 def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
     """A sample written by the extractor before k updates trains against its writer's logprobs: rho != 1 and is
     clipped at 1 +- eps. (Recomputing old logprobs with the current weights, as before, gives rho = 1 exactly.)"""
-    from comprl_jax import roles
     from comprl_jax.rl import ExtractorLossConfig
+    from comprl_jax.roles import role as roles
+    from comprl_jax.roles.train_batches import extractor_batch
     from comprl_jax.sampling import SamplingParams
-    from comprl_jax.train_batches import extractor_batch
 
     tok, _ = tiny
     role = _role(tiny, "extractor", ExtractorLossConfig(clip_eps=0.1), rows=2, lr=3e-2)
@@ -247,8 +247,9 @@ def test_stale_extractor_sample_gets_a_clipped_importance_weight(tiny):
 
 
 def test_actor_mini_batch_steps_move_the_ratio_and_mismatch_is_tiny(tiny):
-    from comprl_jax import batching, roles
     from comprl_jax.rl import ActorLossConfig
+    from comprl_jax.roles import batching
+    from comprl_jax.roles import role as roles
     from comprl_jax.sampling import SamplingParams
 
     tok, _ = tiny
@@ -276,9 +277,9 @@ def test_one_step_shortcut_only_takes_samples_of_the_current_weights(tiny):
     """One optimizer step per batch takes pi_old from the update's own forward pass (rho = 1): right only for the
     current weights' samples. A batch that does not say, or says older weights, is refused (an asynchronous actor
     would otherwise lose its importance correction silently)."""
-    from comprl_jax import roles
     from comprl_jax.rl import ActorLossConfig
-    from comprl_jax.train_batches import actor_batch
+    from comprl_jax.roles import role as roles
+    from comprl_jax.roles.train_batches import actor_batch
 
     tok, _ = tiny
     role = _role(tiny, "actor", ActorLossConfig(), rows=4, lr=3e-2)
@@ -296,8 +297,8 @@ def test_one_step_shortcut_only_takes_samples_of_the_current_weights(tiny):
 
 def _generating_track(c, sampler, tok, version: int):
     """An ExtractorTrack with only what ``generate`` reads (no manager, no pools, unconstrained)."""
-    from comprl_jax.extractor_track import ExtractorTrack
-    from comprl_jax.roles import sampling_params
+    from comprl_jax.loop.extractor_track import ExtractorTrack
+    from comprl_jax.roles.role import sampling_params
 
     track = ExtractorTrack.__new__(ExtractorTrack)
     track.c, track.sampler, track.tokenizer = c, sampler, tok
@@ -415,7 +416,7 @@ def test_embed_cache_runs_at_most_embed_workers_calls_at_once():
 
 
 def test_actor_critic_decisions_and_the_s_plus_r_reward():
-    from comprl_jax import actor_critic as ac
+    from comprl_jax.roles import actor_critic as ac
 
     assert ac.parse_decision("<think>x</think><answer>accept</answer>") == ac.Decision("accept")
     assert ac.parse_decision("<answer>reject</answer>").score == 0.0
@@ -428,7 +429,7 @@ def test_actor_critic_decisions_and_the_s_plus_r_reward():
     # Extractor reward of an entry = mean over its episodes of (s + r), r only from episodes it guided: accepted
     # success 1 + 1, refined failure 0.5 - 1, rejected (the episode ran without it) success 0 + nothing
     # -> (2 - 0.5 + 0) / 3, through the track as the trainer calls it.
-    from comprl_jax.extractor_track import ExtractorTrack
+    from comprl_jax.loop.extractor_track import ExtractorTrack
 
     m = ExperienceManager(hash_embed, DIM, None, clock=FakeClock())
     m.apply_output("t", answer(add(mem("a", "go east"))), [], step=0, prompt="P")
@@ -445,8 +446,14 @@ def test_self_distillation_rows_strip_the_experience_and_keep_the_turns(tiny):
     """SPEC §7: all experience leaves the SFT row: the experience block, the search & ask tool description, and
     each search & ask exchange (question turn + the extractor's answer), built here by the engines' own helper."""
     from comprl_jax.rl import self_distillation_select
-    from comprl_jax.rollout import _Episode, _next_input, answer_ask, search_ask_prompt, system_message
-    from comprl_jax.train_batches import strip_experience
+    from comprl_jax.roles.train_batches import strip_experience
+    from comprl_jax.rollout.lockstep import (
+        _Episode,
+        _next_input,
+        answer_ask,
+        search_ask_prompt,
+        system_message,
+    )
 
     tok, _ = tiny
     im_end = tok.special_ids.get("<|im_end|>")

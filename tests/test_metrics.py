@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from comprl_jax.metrics import (
+from comprl_jax.runtime.metrics import (
     MetricsWriter,
     curves_figure,
     percentiles,

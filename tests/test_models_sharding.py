@@ -8,9 +8,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from comprl_jax import sharding
 from comprl_jax.models import ModelConfig
 from comprl_jax.models import decoder as D
+from comprl_jax.runtime import sharding
 
 # Expected specs written out by hand from DEFAULT_RULES (layers/norm/head_dim replicated, embed->fsdp,
 # vocab/heads/mlp->tensor; size-1 mesh axes dropped, trailing Nones trimmed).

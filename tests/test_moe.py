@@ -11,9 +11,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from comprl_jax import sharding
 from comprl_jax.models import ModelConfig, moe
 from comprl_jax.models import decoder as D
+from comprl_jax.runtime import sharding
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -88,7 +88,7 @@ def test_role_devices_split_and_errors():
     import jax
     import ml_collections
 
-    from comprl_jax import distributed as dist
+    from comprl_jax.runtime import distributed as dist
 
     def cfg(**kw):
         base = dict(

@@ -43,7 +43,7 @@ def test_bfloat16_update_keeps_float32_master_weights_and_moments():
     """One optimizer step with bfloat16 compute: parameters, Adam moments and gradients stay float32."""
     from comprl_jax.rl import OptimConfig, create_train_state, make_optimizer, make_update_fn
     from comprl_jax.rl.losses import ActorLossConfig
-    from comprl_jax.roles import scorer
+    from comprl_jax.roles.role import scorer
 
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
     graphdef, params = decoder.init_decoder(cfg, seed=0)
@@ -66,7 +66,7 @@ def test_bfloat16_update_keeps_float32_master_weights_and_moments():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from comprl_jax.model_zoo import tiny_tokenizer
+    from comprl_jax.models.zoo import tiny_tokenizer
 
     c = config_lib.build("tiny", "t")
     corpus = ["Observation: go north east south west"] * 10
@@ -82,9 +82,10 @@ def test_logprob_mismatch_of_bfloat16_sampling_against_the_bfloat16_trainer(tiny
     full sequence differs. Measured 2026-12-03: 1.5e-7 nats (this random-init model's logits are ~0.05, so a
     rounding of relative size 2^-9 is small in absolute terms); bound 0.05 nats, the size of the bf16-vs-f32 gap
     that would show the two sides computing in different precisions on a model with unit-scale logits."""
-    from comprl_jax import batching, roles
-    from comprl_jax.model_zoo import load_model
+    from comprl_jax.models.zoo import load_model
     from comprl_jax.rl import ActorLossConfig
+    from comprl_jax.roles import batching
+    from comprl_jax.roles import role as roles
     from comprl_jax.sampling import SamplingParams
 
     tok, c = tiny

@@ -73,7 +73,7 @@ def test_qwen3_embedding_folder_from_config_matches_transformers(tmp_path):
 def test_qwen3_embedding_placed_on_a_mesh_like_other_models(tmp_path):
     import jax
 
-    from comprl_jax import sharding as shd
+    from comprl_jax.runtime import sharding as shd
 
     _hf_folder(tmp_path / "q")
     one = embedder_from_config(str(tmp_path / "q")).embed_query(TEXTS)

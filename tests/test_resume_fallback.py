@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def finished(tmp_path_factory):
-    from comprl_jax import trainer
+    from comprl_jax.loop import trainer
 
     work = tmp_path_factory.mktemp("resume") / "run"
     trainer.run(load_config("minihack_room", "tiny"), str(work), progress=False)  # checkpoints 1 and 2
@@ -39,7 +39,7 @@ def _damage(run, how):
 
 @pytest.mark.parametrize("how", ["truncated entries.json", "missing track.json", "missing store"])
 def test_bad_experience_store_falls_back_to_the_previous_step(finished, tmp_path, how, caplog):
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     run = tmp_path / "run"
     shutil.copytree(finished, run)
@@ -47,7 +47,7 @@ def test_bad_experience_store_falls_back_to_the_previous_step(finished, tmp_path
     (run / "experience" / "2.tmp-deadbeef").mkdir()  # a kill during a store save leaves this behind
     tr = Trainer(load_config("minihack_room", "tiny"), str(run))
     try:
-        with caplog.at_level(logging.WARNING, logger="comprl_jax.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="comprl_jax.runtime.checkpoint"):
             assert tr.restore()
         assert tr.step == 1  # step 2's checkpoint is fine, its store is not
         lines = [r.getMessage() for r in caplog.records if "step 2" in r.getMessage()]

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from comprl_jax import sharding as shd
 from comprl_jax.models.config import ModelConfig
 from comprl_jax.models.decoder import forward, init_decoder, logits_from_hidden
 from comprl_jax.rl import losses
@@ -21,6 +20,7 @@ from comprl_jax.rl.update import (
     make_logprob_fn,
     make_update_fn,
 )
+from comprl_jax.runtime import sharding as shd
 
 CFG = ModelConfig.tiny("qwen3", vocab_size=64)
 
@@ -94,7 +94,7 @@ def test_logprobs_micro_batched_equal_full():
 
 def chunked(chunk):
     """The trainer's scorer for a role with ``logits_chunk=chunk`` and remat on."""
-    from comprl_jax.roles import scorer as _scorer
+    from comprl_jax.roles.role import scorer as _scorer
 
     scorer = _scorer(model()[0].args[0], True, chunk)
     assert isinstance(scorer, ChunkedHead) and scorer.chunk == chunk
@@ -228,7 +228,7 @@ def test_frozen_layers_train_only_the_top_layers(arch, tied, chunk):
     """``trainable_layers`` (partial fine-tuning): the same log-probs; no gradient into the embedding, the frozen
     layers or the head; the trained layers' and final norm's gradients equal the full model's; an AdamW step
     leaves every frozen weight bit-identical; and the backward pass of the frozen layers is not built."""
-    from comprl_jax.roles import scorer
+    from comprl_jax.roles.role import scorer
 
     cfg = ModelConfig.tiny(arch, vocab_size=64, num_layers=3, tie_word_embeddings=tied)  # MoE: every layer
     graphdef, params = init_decoder(cfg, seed=1)

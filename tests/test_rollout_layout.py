@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from comprl_jax import sharding as shd
 from comprl_jax.models import ModelConfig, decoder
+from comprl_jax.runtime import sharding as shd
 from comprl_jax.sampling import SamplerService, SamplingParams
 from comprl_jax.sampling.layout import choose_tensor, copy_bytes, decode_mesh, rollout_layout
 

@@ -205,7 +205,7 @@ def test_one_compile_per_bucket(model):
 
 @pytest.mark.slow
 def test_mesh_matches_single_device_and_threads(model, svc):
-    from comprl_jax import sharding
+    from comprl_jax.runtime import sharding
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     gd, params = init_decoder(CFG, seed=0, mesh=mesh)

@@ -1,4 +1,4 @@
-"""Mesh construction and logical-axis resolution (comprl_jax/sharding.py)."""
+"""Mesh construction and logical-axis resolution (comprl_jax/runtime/sharding.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from comprl_jax import sharding as sh
+from comprl_jax.runtime import sharding as sh
 
 
 def test_resolve_axes_fills_and_validates():

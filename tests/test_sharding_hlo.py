@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from comprl_jax import sharding as shd
 from comprl_jax.models import decoder
 from comprl_jax.models.config import named_config
 from comprl_jax.rl import OptimConfig, make_logprob_fn, make_optimizer, make_update_fn, train_state_shardings
 from comprl_jax.rl.losses import ActorLossConfig
 from comprl_jax.rl.train_state import TrainState
-from comprl_jax.roles import scorer
+from comprl_jax.roles.role import scorer
+from comprl_jax.runtime import sharding as shd
 
 B, T, LAYERS, CHUNK = 8, 2048, 2, 2048
 GIB = 1024**3

@@ -190,7 +190,7 @@ def test_union_keeps_each_automaton():
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     c = load_config(
         "minihack_room",
@@ -203,8 +203,8 @@ def trainer(tmp_path_factory):
 
 
 def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1, turn_tokens=None):
-    from comprl_jax.rollout import reset_all, run_episodes
-    from comprl_jax.slot_rollout import run_episodes_continuous
+    from comprl_jax.rollout.continuous import run_episodes_continuous
+    from comprl_jax.rollout.lockstep import reset_all, run_episodes
 
     specs = tr.episode_specs(tr.tasks.next(), guided=True)
     for i, s in enumerate(specs):
@@ -299,8 +299,8 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
         "[search & ask answer] answer to where are the stairs" in t.transcript_text(10_000) for t in asked
     )
     # Self-distillation's row of an asking episode: no question, no answer, no tool text, every action kept.
-    from comprl_jax.rollout import search_ask_prompt
-    from comprl_jax.train_batches import strip_experience
+    from comprl_jax.roles.train_batches import strip_experience
+    from comprl_jax.rollout.lockstep import search_ask_prompt
 
     tok = trainer.actor.model.tokenizer
     for t in asked:
@@ -320,8 +320,8 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
 def test_continuous_rollout_is_reproducible(trainer):
     """Sampling at T=1 through the env pools' threads: runs on 3 and on 8 slots give identical trajectories (the
     schedule never depends on timing, and row keys are per episode and turn, not per batch)."""
-    from comprl_jax.rollout import reset_all
-    from comprl_jax.slot_rollout import run_episodes_continuous
+    from comprl_jax.rollout.continuous import run_episodes_continuous
+    from comprl_jax.rollout.lockstep import reset_all
 
     sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
     specs = trainer.episode_specs(trainer.tasks.next(), guided=False)

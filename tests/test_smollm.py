@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from comprl_jax import model_zoo  # noqa: E402
 from comprl_jax.models import decoder as D  # noqa: E402
+from comprl_jax.models import zoo as model_zoo  # noqa: E402
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes  # noqa: E402
 
 PRESET = "smollm2_135m_instruct"
@@ -258,7 +258,7 @@ def test_constrained_actions_on_128_minihack_prompts(ours, sampler):
     """
     from comprl_jax.envs import registry
     from comprl_jax.envs.base import parse_answer
-    from comprl_jax.rollout import system_message
+    from comprl_jax.rollout.lockstep import system_message
 
     tok, cfg, n_rows = ours.tokenizer, ours.cfg, 128
     env = registry.make("comprl/MiniHack-Room-Ultimate-5x5-v0")
@@ -311,7 +311,7 @@ def test_smollm_config_one_training_step_on_cpu(tmp_path):
 
     from trainer_helpers import load_config
 
-    from comprl_jax import trainer
+    from comprl_jax.loop import trainer
 
     # One device: the MINI batch of 2 rows does not split over the 8 fake CPU devices of the tests.
     c = load_config("minihack_room", "smollm", **{"train.steps": 1, "mesh.num_devices": 1})
@@ -344,7 +344,7 @@ def test_constrained_directions_follow_the_prompt(ours, sampler):
     from comprl_jax.envs import registry
     from comprl_jax.envs.base import parse_answer
     from comprl_jax.envs.minihack_text import DIRECTIONS, normalize_action
-    from comprl_jax.rollout import system_message
+    from comprl_jax.rollout.lockstep import system_message
     from comprl_jax.sampling import action_spellings
 
     tok, cfg, k = ours.tokenizer, ours.cfg, 16

@@ -216,7 +216,7 @@ def test_missing_run_dir_names_path(tmp_path):
 
 
 def test_cli_groups_seeds_and_plots_them_on_shared_axes(tmp_path):
-    from comprl_jax.metrics import MetricsWriter
+    from comprl_jax.runtime.metrics import MetricsWriter
 
     for name, method, seed in (
         ("crl0", "complementary", 0),

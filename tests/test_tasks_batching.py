@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from comprl_jax.batching import bucket, pack
-from comprl_jax.tasks import TaskSampler
+from comprl_jax.roles.batching import bucket, pack
+from comprl_jax.rollout.tasks import TaskSampler
 
 
 def test_task_sampler_is_deterministic_and_resumable():

@@ -81,7 +81,7 @@ SMOKE = [
 
 @pytest.mark.parametrize("name,variant", SMOKE)
 def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
-    from comprl_jax import trainer
+    from comprl_jax.loop import trainer
 
     # Offline Exp. with the released code's distill_from="guided": the build's free rollouts are still distilled.
     over = {"extractor.distill_from": "guided"} if "offline" in variant else {}
@@ -140,8 +140,8 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     Issue 28.2: the run reads every config key but those NOT_READ_BY_A_TINY_RUN names (with why)."""
     from trainer_helpers import NOT_READ_BY_A_TINY_RUN, record_config_reads, record_field_reads, unread_keys
 
-    from comprl_jax import trainer
     from comprl_jax.experience import BankConfig, BufferConfig, ManagerConfig, RetrievalConfig
+    from comprl_jax.loop import trainer
 
     over = {
         "train.steps": 4,
@@ -190,7 +190,7 @@ def test_distillation_is_producer_consumer(overlap, tmp_path, compile_cache):
     so rollout s+1 sees them."""
     import threading
 
-    from comprl_jax import trainer as trainer_lib
+    from comprl_jax.loop import trainer as trainer_lib
 
     # no merges: they would replace the distilled entries whose steps the test follows
     over = {"train.steps": 3, "bank.merge_every": 100, "extractor.distill_overlap": overlap}
@@ -239,8 +239,8 @@ def test_distillation_is_producer_consumer(overlap, tmp_path, compile_cache):
 def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
     """The paper-scale update and rollout paths on tiny models: episodes in waves of one row, per-layer remat
     and the chunked output head for both roles."""
-    from comprl_jax import trainer
     from comprl_jax.config import validate
+    from comprl_jax.loop import trainer
 
     over = {"rollout.rows_per_wave": 1, "actor.remat": True, "extractor.remat": True}
     c = load_config(
@@ -262,7 +262,7 @@ def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
 
 
 def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
-    from comprl_jax import trainer
+    from comprl_jax.loop import trainer
 
     c = load_config("swebench", "tiny")
     with pytest.raises(KeyError, match="SWEBench-Verified-v0"):

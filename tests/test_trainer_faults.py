@@ -42,7 +42,7 @@ class FaultySokoban(SokobanTextEnv):
 
 def test_run_survives_env_faults_and_malformed_extractor_output(tmp_path):
     registry.register("test/FaultySokoban-v0", f"{__name__}:FaultySokoban", dim=6, num_boxes=2)
-    from comprl_jax import trainer
+    from comprl_jax.loop import trainer
 
     c = load_config(
         "minihack_room",
@@ -80,7 +80,7 @@ def test_search_and_ask_in_guided_rollouts(tmp_path):
     per episode, never for free episodes), and the refinement becomes an extractor sample rewarded by the outcome."""
     import jax
 
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     c = load_config(
         "minihack_room",

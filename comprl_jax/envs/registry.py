@@ -13,7 +13,7 @@ held-out tasks), and what a failed episode scores:
   ``train_split``, evaluation ``eval_splits`` (the first is the primary figure; ``env.eval_split="eval"`` takes
   them all, another name just that split). Splits are passed to the constructor as ``split=``.
 * ``levels="seeded"``: each seed generates its own level (MiniHack Room-Ultimate, mazes, Sokoban); training
-  draws seeds from ``[0, 2^30)`` and evaluation from ``[2^30, 2^31)`` (:class:`comprl_jax.tasks.TaskSampler`).
+  draws seeds from ``[0, 2^30)`` and evaluation from ``[2^30, 2^31)`` (:class:`comprl_jax.rollout.tasks.TaskSampler`).
 * ``levels="fixed"``: one level whatever the seed (MiniHack Room-5x5): there is no held-out task, and its
   evaluation says so (split ``"train (one fixed level)"``).
 

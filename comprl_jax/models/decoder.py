@@ -3,7 +3,7 @@
 Layer parameters are *stacked* along a leading ``layers`` axis and the forward pass is one ``lax.scan``: compile
 time stays flat in depth (28-36 layers for the real models) and the KV cache is a single ``[L, B, S, Hkv, Dh]``
 array per k/v. Every parameter carries logical axis names (``out_sharding=``) resolved by
-``comprl_jax.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
+``comprl_jax.runtime.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
 ``hf_io`` transposes on the way in and out).
 
 Qwen3-MoE: the layers listed in ``cfg.moe_layers`` use the mixture-of-experts MLP of ``models.moe`` (expert
@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from comprl_jax import sharding
 from comprl_jax.models import layers as L
 from comprl_jax.models import moe
 from comprl_jax.models.config import ModelConfig
+from comprl_jax.runtime import sharding
 
 # Logical axes of the KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
 CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")

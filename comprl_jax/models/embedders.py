@@ -178,8 +178,8 @@ class DecoderEmbedder:
         query_instruction: str | None = None,
         mesh=None,
     ):
-        from comprl_jax import sharding
         from comprl_jax.models.decoder import forward
+        from comprl_jax.runtime import sharding
 
         self.tokenizer, self.instruction = tokenizer, instruction
         self.query_instruction = query_instruction

@@ -22,8 +22,8 @@ import os
 
 import numpy as np
 
-from comprl_jax import sharding
 from comprl_jax.models.config import ModelConfig
+from comprl_jax.runtime import sharding
 
 ARCHS = ("llama", "qwen2", "qwen3")
 # Our stacked per-layer parameter -> GGUF tensor name inside ``blk.{i}.``.

@@ -25,9 +25,9 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from comprl_jax import sharding
 from comprl_jax.models.config import ModelConfig
 from comprl_jax.models.decoder import abstract_decoder
+from comprl_jax.runtime import sharding
 
 INDEX_FILE = "model.safetensors.index.json"
 # Our stacked per-layer parameter -> (HF tensor name inside ``layers.{i}.``, stored transposed?).

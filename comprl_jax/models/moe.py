@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from comprl_jax import sharding
 from comprl_jax.models.config import ModelConfig
+from comprl_jax.runtime import sharding
 
 # Stacked MoE parameter name -> (shape after the [L_moe] axis, logical axes after "layers"); D = hidden_size,
 # E = num_experts, F = moe_intermediate_size. Stored [in, out] like the dense weights.

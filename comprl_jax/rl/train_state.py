@@ -3,7 +3,7 @@
 The graphdef of the NNX model is *not* part of the state: it is static structure, closed over by the
 ``logits_fn`` the update step is built with. Parameters are an ``nnx.State`` whose Variables carry logical
 axis names; optax moments mirror that tree (Variables included), so one call to
-:func:`comprl_jax.sharding.state_shardings` lays out params *and* optimizer state consistently.
+:func:`comprl_jax.runtime.sharding.state_shardings` lays out params *and* optimizer state consistently.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from comprl_jax import sharding as shd
+from comprl_jax.runtime import sharding as shd
 
 
 @dataclasses.dataclass(frozen=True)

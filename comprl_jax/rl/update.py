@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from comprl_jax import sharding as shd
 from comprl_jax.rl.losses import (
     accumulate_pairs,
     chunked_token_logprobs,
@@ -31,6 +30,7 @@ from comprl_jax.rl.losses import (
     token_logprobs,
 )
 from comprl_jax.rl.train_state import TrainState
+from comprl_jax.runtime import sharding as shd
 
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -208,7 +208,7 @@ def make_update_fn(
       max_traces: wrap in ``chex.assert_max_traces`` (1 = fail loudly on any recompile).
     Returns:
       A ``jax.jit`` function; with a mesh wrapped to trace, lower and run under it
-      (:class:`~comprl_jax.sharding.MeshFn`: the model's batch constraints act). ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
+      (:class:`~comprl_jax.runtime.sharding.MeshFn`: the model's batch constraints act). ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
       ``approx_kl``, ``entropy``, ``ratio``, per-subgroup clip fractions and advantage mean / std (actor),
       ``grad_norm`` (before clipping) and ``step``.
     """

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from comprl_jax import sharding as shd
+from comprl_jax.runtime import sharding as shd
 from comprl_jax.sampling.automaton import (
     TokenAutomaton,
     accepts,

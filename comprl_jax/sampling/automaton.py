@@ -233,7 +233,7 @@ def from_token_sequences(
     Why: under :func:`from_strings` every tokenization of an allowed text is a path, so a model with no preference
     (a random-init one) splits its mass by the number and shape of the paths, not by the actions: with the tiny
     vocabulary ``east`` got 26% of the first moves and ``south`` 3%. With one path per action, and each action one
-    token (the tiny vocabulary makes action names atomic, :func:`comprl_jax.model_zoo.tiny_tokenizer`), such a model
+    token (the tiny vocabulary makes action names atomic, :func:`comprl_jax.models.zoo.tiny_tokenizer`), such a model
     starts uniform over the actions.
 
     Args:

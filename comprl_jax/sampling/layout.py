@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from comprl_jax import sharding as shd
+from comprl_jax.runtime import sharding as shd
 
 # Largest share of one device's memory the sampler's copy may take when rollout_tensor is chosen automatically
 # (the rest: the training state's FSDP shard, the KV cache of a wave of rows, the update's activations).

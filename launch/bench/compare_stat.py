@@ -17,8 +17,8 @@ import os
 
 from absl import app, flags
 
-from comprl_jax import metrics as mlib
 from comprl_jax import tables
+from comprl_jax.runtime import metrics as mlib
 
 _ROOT = flags.DEFINE_string("root", "runs/compare_cpu", "sweep directory written by compare_cpu.sh")
 _RANDOM = flags.DEFINE_string(

@@ -3,7 +3,7 @@
   python launch/bench/learning.py --config=configs/minihack_room.py:cpu,baseline --env=comprl/MiniHack-Room-5x5-v0 \\
       --seeds=0,1,2 --budget_s=900
 
-Each run trains through the real :class:`~comprl_jax.trainer.Trainer` (``train_step`` in a loop) until the budget is
+Each run trains through the real :class:`~comprl_jax.loop.trainer.Trainer` (``train_step`` in a loop) until the budget is
 spent or the greedy success on the eval tasks has been >= ``--target`` at ``--patience`` evaluations in a row.
 Every ``--eval_every`` steps it evaluates the actor alone, greedy and sampled (held-out tasks; for a fixed level such
 as Room-5x5 the level itself, so this is a sanity check of the loop, not generalisation). The line carries ``bench``,
@@ -75,7 +75,7 @@ def greedy_and_sampled(tr, n_tasks: int) -> tuple[float, float]:
 
 
 def run_one(c, budget_s: float, eval_every: int, eval_tasks: int, target: float, patience: int) -> dict:
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     t0 = time.perf_counter()
     tr = Trainer(c, tempfile.mkdtemp(prefix="learning-"))

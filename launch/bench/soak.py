@@ -26,8 +26,8 @@ def main(argv):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
     from trainer_helpers import load_config
 
-    from comprl_jax import metrics as mlib
-    from comprl_jax.trainer import Trainer
+    from comprl_jax.loop.trainer import Trainer
+    from comprl_jax.runtime import metrics as mlib
 
     c = load_config(
         "minihack_room",

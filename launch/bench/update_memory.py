@@ -50,9 +50,9 @@ def batch(rows: int, t: int, role: str) -> dict[str, np.ndarray]:
 
 def main(argv):
     del argv
-    from comprl_jax import roles
-    from comprl_jax.model_zoo import load_model
+    from comprl_jax.models.zoo import load_model
     from comprl_jax.rl.losses import loss_config
+    from comprl_jax.roles import role as roles
 
     c = config_lib.load_file(_CONFIG.value)
     role_name = _ROLE.value

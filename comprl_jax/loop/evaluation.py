@@ -32,8 +32,8 @@ import jax
 import numpy as np
 
 from comprl_jax.envs import registry
-from comprl_jax.rollout import outcome
-from comprl_jax.tasks import Task, TaskSampler
+from comprl_jax.rollout.lockstep import outcome
+from comprl_jax.rollout.tasks import Task, TaskSampler
 
 SEEDED_SPLIT = "held-out seeds"
 

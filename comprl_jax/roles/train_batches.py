@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from comprl_jax import batching
 from comprl_jax.experience.sample import decode_record
 from comprl_jax.rl import extractor_advantages
-from comprl_jax.roles import BEHAVIOUR_MASK, SAMPLED_BY, USE_BEHAVIOUR
-from comprl_jax.rollout import Trajectory, system_message
+from comprl_jax.roles import batching
+from comprl_jax.roles.role import BEHAVIOUR_MASK, SAMPLED_BY, USE_BEHAVIOUR
+from comprl_jax.rollout.lockstep import Trajectory, system_message
 
 
 def shift_free(mask: Sequence[int]) -> list[int]:
@@ -71,7 +71,7 @@ def actor_batch(
       sampled_by: the actor's ``Role.version`` whose sampler played ``trajs`` (``roles.SAMPLED_BY``).
     Returns:
       the loss batch layout (:mod:`comprl_jax.rl.losses`) with ``sft_row`` when ``sft_slots``, plus the behaviour
-      keys of :mod:`comprl_jax.roles`.
+      keys of :mod:`comprl_jax.roles.role`.
     """
     if len(sft) > sft_slots:
         raise ValueError(f"{len(sft)} self-distillation rows for {sft_slots} slots")

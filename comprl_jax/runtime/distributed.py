@@ -119,7 +119,7 @@ def role_devices(mesh_cfg: Any) -> tuple[list[jax.Device], list[jax.Device]] | N
 
 def build_meshes(mesh_cfg: Any):
     """(actor mesh, extractor mesh) over :func:`role_devices`; both None on the single-device path."""
-    from comprl_jax import sharding as shd
+    from comprl_jax.runtime import sharding as shd
 
     devs = role_devices(mesh_cfg)
     if devs is None:
@@ -327,5 +327,5 @@ def check_replicas(what: str, digest: str) -> None:
     if len(set(got.values())) > 1:
         raise RuntimeError(
             f"{what} diverged across processes: {got}. Every process must run the same control flow on the "
-            "same inputs (see comprl_jax/distributed.py)"
+            "same inputs (see comprl_jax/runtime/distributed.py)"
         )

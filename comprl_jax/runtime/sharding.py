@@ -245,7 +245,7 @@ def put_batch(batch: Any, mesh: Mesh, names: Sequence[str | None] = ("batch",), 
     """The one host->device transfer of a batch: numpy leaves ``[B, ...]`` -> arrays sharded over the batch axes.
 
     ``batch`` is the *global* batch (every process of a multi-process run holds the same host values, see
-    ``comprl_jax/distributed.py``). Multi-process: each process hands over only the rows its own devices hold
+    ``comprl_jax/runtime/distributed.py``). Multi-process: each process hands over only the rows its own devices hold
     (:func:`process_rows`) through ``jax.make_array_from_process_local_data``.
     """
     sharding = named_sharding(mesh, names, rules)

@@ -24,10 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from comprl_jax import distributed as dist
-from comprl_jax import sharding as shd
-from comprl_jax.model_zoo import LoadedModel
 from comprl_jax.models import decoder
+from comprl_jax.models.zoo import LoadedModel
 from comprl_jax.rl import (
     OptimConfig,
     create_train_state,
@@ -39,6 +37,8 @@ from comprl_jax.rl import (
 from comprl_jax.rl import update as update_lib
 from comprl_jax.rl.losses import is_max_metric
 from comprl_jax.rl.update import ChunkedHead
+from comprl_jax.runtime import distributed as dist
+from comprl_jax.runtime import sharding as shd
 from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
 from comprl_jax.sampling.layout import RefreshTimer, RolloutLayout, rollout_layout
 

@@ -25,7 +25,7 @@ follows from counts of episodes and slots, and the loop blocks when a step it ne
 rollout is reproducible, a resumed run stays bit-identical, and the lock-step engine plays the very same
 trajectories, sampled or greedy (``tests/test_slot_rollout.py``).
 
-Multi-process runs use the lock-step engine (:func:`comprl_jax.rollout.run_episodes`). There every process steps
+Multi-process runs use the lock-step engine (:func:`comprl_jax.rollout.lockstep.run_episodes`). There every process steps
 only its own env rows and all-gathers the results after each round, so all processes issue identical jitted
 calls. The chunk schedule here would need one all-gather of the finished rows' env results per chunk instead;
 that is not built yet.
@@ -41,7 +41,7 @@ from typing import Any
 
 import jax
 
-from comprl_jax.rollout import (
+from comprl_jax.rollout.lockstep import (
     ANSWER_OPEN,
     ASK_CLOSE,
     ASK_RE,
@@ -109,7 +109,7 @@ def run_episodes_continuous(
     env_lag: int = 32,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Plays all episodes to the end on ``slots`` KV-cache rows (0 = one per episode). Same arguments and results
-    as :func:`comprl_jax.rollout.run_episodes` (no ``gather``: single process), plus:
+    as :func:`comprl_jax.rollout.lockstep.run_episodes` (no ``gather``: single process), plus:
 
     Args:
       slots: KV-cache rows; more episodes than slots start as earlier ones end.

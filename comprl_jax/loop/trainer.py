@@ -22,7 +22,7 @@ A resumed run is bit-identical.
 Methods are flags (:data:`comprl_jax.config.METHOD_FLAGS`): ``actor.train``, ``extractor.train``,
 ``experience.enabled`` and ``bank.offline`` (the offline bank is built before step 0, outside ``train.steps``).
 
-Devices (``mesh`` config, :mod:`comprl_jax.distributed`): one device -> no mesh; otherwise each role gets a
+Devices (``mesh`` config, :mod:`comprl_jax.runtime.distributed`): one device -> no mesh; otherwise each role gets a
 ``(data, fsdp, tensor)`` mesh, shared (``colocated``) or on disjoint devices (``disjoint``: the extractor's updates
 are dispatched at the end of step s and joined after step s+1's rollout, so the two run at the same time; their
 metrics still land in row s). Several processes: replicated host state over SPMD device state (distributed.py).
@@ -43,18 +43,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from comprl_jax import actor_critic as critic_lib
-from comprl_jax import distributed as dist
-from comprl_jax import evaluation, roles
-from comprl_jax import metrics as mlib
-from comprl_jax.checkpoint import RunCheckpointer
 from comprl_jax.envs import registry
 from comprl_jax.experience.retrieval import blank_experience
-from comprl_jax.extractor_track import ExtractorTrack, PendingDistill
-from comprl_jax.model_zoo import TINY_SPECS, load_model, tiny_tokenizer
+from comprl_jax.loop import evaluation
+from comprl_jax.loop.extractor_track import ExtractorTrack, PendingDistill
+from comprl_jax.loop.vocab_corpus import action_words, tokenizer_corpus
+from comprl_jax.models.zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
 from comprl_jax.rl.losses import loss_config
-from comprl_jax.rollout import (
+from comprl_jax.roles import actor_critic as critic_lib
+from comprl_jax.roles import role as roles
+from comprl_jax.roles.train_batches import actor_batch, extractor_batch, strip_experience
+from comprl_jax.rollout.continuous import run_episodes_continuous
+from comprl_jax.rollout.lockstep import (
     ASK_CLOSE,
     ASK_OPEN,
     ASK_QUERY_REGEX,
@@ -65,10 +66,10 @@ from comprl_jax.rollout import (
     run_episodes,
     search_ask_prompt,
 )
-from comprl_jax.slot_rollout import run_episodes_continuous
-from comprl_jax.tasks import TaskSampler
-from comprl_jax.train_batches import actor_batch, extractor_batch, strip_experience
-from comprl_jax.vocab_corpus import action_words, tokenizer_corpus
+from comprl_jax.rollout.tasks import TaskSampler
+from comprl_jax.runtime import distributed as dist
+from comprl_jax.runtime import metrics as mlib
+from comprl_jax.runtime.checkpoint import RunCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -723,7 +724,7 @@ class Trainer:
         return self._eval_pools[split]
 
     def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, dict]:
-        """Held-out success per env (and split): see :mod:`comprl_jax.evaluation`."""
+        """Held-out success per env (and split): see :mod:`comprl_jax.loop.evaluation`."""
         self.join_extractor()
         return evaluation.evaluate(self, n_per_task, with_experience)
 

@@ -8,7 +8,7 @@ are appended to the live KV cache (incremental prefill), never re-encoding the h
 Episode = ``EpisodeSpec`` (task, group member, guided or not, the experience block in its system prompt).
 
 Multi-process (``gather`` given): every process holds every episode's host state, but steps only the env slots
-it owns (:func:`comprl_jax.distributed.owned_rows`); the results are all-gathered after each reset / step, so
+it owns (:func:`comprl_jax.runtime.distributed.owned_rows`); the results are all-gathered after each reset / step, so
 all processes build identical sampler inputs and issue identical jitted calls.
 """
 
@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from comprl_jax.envs.pool import EnvPool
-from comprl_jax.tasks import Task
+from comprl_jax.rollout.tasks import Task
 
 ASK_OPEN = "<knowledge_search_and_ask>"
 ASK_CLOSE = "</knowledge_search_and_ask>"
@@ -178,7 +178,7 @@ def reset_all(pools: Pools, specs: Sequence[EpisodeSpec], gather: Any = None) ->
 def _own(n: int, gather: Any) -> range:
     if gather is None:
         return range(n)
-    from comprl_jax.distributed import owned_rows
+    from comprl_jax.runtime.distributed import owned_rows
 
     return owned_rows(n)
 

@@ -49,7 +49,7 @@ from comprl_jax.experience import (
 )
 from comprl_jax.experience.sample import Generation
 from comprl_jax.rl.advantages import CRITIC_SCORES
-from comprl_jax.rollout import Trajectory
+from comprl_jax.rollout.lockstep import Trajectory
 
 _WORD = r"[a-z][a-z ,]{0,%d}"
 
@@ -136,7 +136,7 @@ class ExtractorTrack:
             query_embed_fn=getattr(embedder, "embed_query", None),
         )
         self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
-        from comprl_jax.roles import sampling_params
+        from comprl_jax.roles.role import sampling_params
 
         self.sp = sampling_params(c.extractor.sampling)
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="extractor-track")

@@ -7,8 +7,9 @@ this module only joins them with the envs' system prompts and a few real first o
 
 from __future__ import annotations
 
-from comprl_jax import actor_critic, rollout
 from comprl_jax.experience import ops, retrieval
+from comprl_jax.roles import actor_critic
+from comprl_jax.rollout import lockstep as rollout
 
 
 def tokenizer_corpus(pools: rollout.Pools, ask_max: int, seeds: int = 3) -> list[str]:

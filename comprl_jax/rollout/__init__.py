@@ -1,0 +1,1 @@
+"""Episodes over env pools: the lock-step and continuous engines, task sampling."""

@@ -1,0 +1,1 @@
+"""Runtime services: processes and meshes, sharding rules, checkpoints, metrics."""
