@@ -1,5 +1,6 @@
 """No module of the package imports another that imports it back (issue 15), lazy imports inside functions
-included: a cycle broken by a function-level import is still a cycle in the design."""
+included: a cycle broken by a function-level import is still a cycle in the design. Folders form layers and every
+import goes down them (issue 29, ``LAYERS``)."""
 
 import ast
 import os
@@ -89,6 +90,60 @@ def test_no_import_cycles_in_the_package():
         and "comprl_jax.rollout.lockstep" in graph["comprl_jax.loop.trainer"]
     )
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+
+
+# The layers of the package, lowest first (issue 29). A module may import its own folder and the folders of lower
+# layers, never a folder of its own layer or above. The root modules ``config`` (schema, methods, mixtures: it
+# reads the env registry and the loss configs) and the launch-only ``launch_utils`` / ``tables`` are layers too.
+LAYERS = (
+    ("runtime",),  # processes, meshes, sharding rules, checkpoints, metrics
+    ("tokenizer", "envs"),
+    ("models",),
+    ("sampling", "rl"),
+    ("experience",),
+    ("rollout",),  # episode records and the two engines
+    ("roles",),  # a trained model and its sampler, training batches
+    ("config",),
+    ("loop",),  # the trainer and what it drives
+    ("launch_utils", "tables"),
+)
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    rank = {f: i for i, layer in enumerate(LAYERS) for f in layer}
+    out = []
+    for a, targets in sorted(graph.items()):
+        fa = _folder(a)
+        if fa == "comprl_jax":  # the package's own __init__
+            continue
+        assert fa in rank, f"{a}: folder {fa!r} is in no layer of LAYERS (add it where it belongs)"
+        for b in sorted(targets):
+            fb = _folder(b)
+            if fb != fa and rank[fb] >= rank[fa]:
+                out.append(f"{a} -> {b} ({fa} may not import {fb})")
+    return out
+
+
+def test_the_layer_rule_flags_an_upward_and_a_sideways_import():
+    graph = {
+        "comprl_jax.runtime.sharding": {"comprl_jax.sampling"},  # upward
+        "comprl_jax.rl.update": {"comprl_jax.sampling.decode"},  # same layer, other folder
+        "comprl_jax.loop.trainer": {"comprl_jax.loop.evaluation", "comprl_jax.runtime.metrics"},  # allowed
+    }
+    assert _layer_violations(graph) == [
+        "comprl_jax.rl.update -> comprl_jax.sampling.decode (rl may not import sampling)",
+        "comprl_jax.runtime.sharding -> comprl_jax.sampling (runtime may not import sampling)",
+    ]
+
+
+def test_every_import_in_the_package_goes_down_the_layers():
+    graph = _import_graph()
+    assert not _layer_violations(graph), "\n".join(_layer_violations(graph))
 
 
 def test_launch_scripts_the_tests_import_share_one_process_without_flag_clashes():

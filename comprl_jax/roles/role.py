@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from comprl_jax.models import decoder
 from comprl_jax.models.zoo import LoadedModel
@@ -125,6 +126,23 @@ def frozen_layers(model: LoadedModel, name: str, trainable_layers: int) -> int:
     return n - trainable_layers if trainable_layers else 0
 
 
+class MeshSampler(SamplerService):
+    """A sampler on a mesh whose results are replicated on device before the host reads them (multi-process: each
+    process reads its own full copy; the KV cache stays sharded)."""
+
+    def run(
+        self, cache, rows, max_new, key, sp, stop_strings=(), constraint=None, context_need=None, key_ids=None
+    ):
+        res = super().run(cache, rows, max_new, key, sp, stop_strings, constraint, context_need, key_ids)
+        if not dist.multi() or self.mesh is None:
+            return res
+        rep = NamedSharding(self.mesh, PartitionSpec())
+        small = (res.tokens, res.lengths, res.finish_reason, res.logprobs, res.steps)
+        with self._lock:
+            small = dist.replicate_fn(rep)(small)
+        return type(res)(*small[:4], cache=res.cache, steps=small[4])
+
+
 def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=None) -> Role:
     """A role from its config section ``cfg`` (``config.actor`` / ``config.extractor``).
 
@@ -166,7 +184,7 @@ def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=Non
     # The sampler decodes from its own copy of the weights, in the compute dtype on a decode mesh (tensor-parallel
     # and/or replicated), never from the FSDP training layout (sampling.layout).
     layout = rollout_layout(state.params, model.cfg, mesh, cfg.rollout_tensor)
-    sampler = (SamplerService if mesh is None else dist.mesh_sampler_cls())(
+    sampler = (SamplerService if mesh is None else MeshSampler)(
         model.graphdef,
         layout.refresh(state.params),
         model.cfg,

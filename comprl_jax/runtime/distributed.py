@@ -10,7 +10,7 @@ The design is a *replicated host state machine over SPMD device state*:
   runs the same control flow on the same inputs. Inputs that exist on one process only are exchanged first:
   each process steps the env slots it owns (:func:`owned_rows`) and the results are all-gathered
   (:func:`allgather_objects`); sampler outputs are replicated on device before they reach the host
-  (:class:`MeshSampler`). Retrieval is exact search (deterministic numpy) in multi-process runs, so identical
+  (``roles.role.MeshSampler``, through :func:`replicate_fn`). Retrieval is exact search (deterministic numpy) in multi-process runs, so identical
   banks answer identical queries identically.
 * :func:`host_digest` / :func:`check_replicas` hash that state and compare it across processes at every
   checkpoint: a divergence raises instead of silently training on different banks.
@@ -187,7 +187,7 @@ def allgather_rows(x: np.ndarray, devices: Sequence[jax.Device] | None = None) -
     x = np.asarray(x)[None]
     shape = (mesh.size,) + x.shape[1:]
     g = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("p")), x, shape)
-    return np.asarray(_replicate_fn(NamedSharding(mesh, PartitionSpec()))(g))
+    return np.asarray(replicate_fn(NamedSharding(mesh, PartitionSpec()))(g))
 
 
 def allgather_objects(local: dict[int, Any], devices: Sequence[jax.Device] | None = None) -> dict[int, Any]:
@@ -230,43 +230,12 @@ def fetch(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-# -- sampler --------------------------------------------------------------------------------------------
-def mesh_sampler_cls():
-    """A ``SamplerService`` whose results are replicated on device before the host reads them (multi-process:
-    each process reads its own full copy; the KV cache stays sharded)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from comprl_jax.sampling import SamplerService
-
-    class MeshSampler(SamplerService):
-        def run(
-            self,
-            cache,
-            rows,
-            max_new,
-            key,
-            sp,
-            stop_strings=(),
-            constraint=None,
-            context_need=None,
-            key_ids=None,
-        ):
-            res = super().run(cache, rows, max_new, key, sp, stop_strings, constraint, context_need, key_ids)
-            if not multi() or self.mesh is None:
-                return res
-            rep = NamedSharding(self.mesh, PartitionSpec())
-            small = (res.tokens, res.lengths, res.finish_reason, res.logprobs, res.steps)
-            with self._lock:
-                small = _replicate_fn(rep)(small)
-            return type(res)(*small[:4], cache=res.cache, steps=small[4])
-
-    return MeshSampler
-
-
 _REPLICATORS: dict[Any, Any] = {}
 
 
-def _replicate_fn(sharding):
+def replicate_fn(sharding):
+    """A jitted identity whose output has ``sharding`` (cached per sharding): a sharded array made whole on every
+    device, so every process can read it."""
     if sharding not in _REPLICATORS:
         _REPLICATORS[sharding] = jax.jit(lambda t: t, out_shardings=sharding)
     return _REPLICATORS[sharding]
