@@ -110,9 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Episodes played at once (0 = the whole step); must divide the step's episodes
     c.rollout.rows_per_wave = 0
     # "continuous": episodes flow through KV-cache slots, env steps overlap decoding (comprl_jax/rollout/continuous.py);
-    # "lockstep": one sampler call per turn for every live episode, then every env step (rollout.run_episodes).
+    # "lockstep": one sampler call per turn for every live episode, then every env step (rollout/lockstep.py).
     # Both sample reply i of episode b with its own key (b, i): the same trajectories either way.
-    # Multi-process runs always use lockstep (identical call order on every process; see slot_rollout.py).
+    # Multi-process runs always use lockstep (identical call order on every process; see rollout/continuous.py).
     c.rollout.engine = "continuous"
     # Continuous engine: KV-cache slots (0 = one per episode of a wave). With fewer slots than episodes, new episodes
     # start as others end and an episode waiting on its env step gives its slot up (its KV row is parked)

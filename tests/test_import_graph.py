@@ -87,7 +87,7 @@ def test_no_import_cycles_in_the_package():
     graph = _import_graph()
     assert (
         "comprl_jax.loop.trainer" in graph
-        and "comprl_jax.rollout.lockstep" in graph["comprl_jax.loop.trainer"]
+        and "comprl_jax.rollout.engines" in graph["comprl_jax.loop.trainer"]
     )
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
 

@@ -23,7 +23,7 @@ from comprl_jax.experience.retrieval import EmbedCache, diversify
 from comprl_jax.experience.sample import Generation, decode_record
 from comprl_jax.loop import evaluation
 from comprl_jax.rl import subgroup_advantages
-from comprl_jax.rollout.lockstep import EpisodeSpec, Trajectory
+from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory
 from comprl_jax.rollout.tasks import Task, TaskSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,7 +106,7 @@ def test_paper_scale_evaluation_plays_each_held_out_task_once():
 
 def test_eval_pools_play_the_held_out_split():
     """Pools built with ``split=`` (what Trainer.eval_pools does) reset into the held-out games / goals."""
-    from comprl_jax.rollout.lockstep import Pools
+    from comprl_jax.rollout.pools import Pools
 
     unseen = _split_task_keys("comprl/ALFWorld-v0", "valid_unseen")
     pools = Pools(["comprl/ALFWorld-v0"], 1, 1, "thread", 5, 120.0, env_kwargs={"split": "valid_unseen"})
@@ -447,13 +447,8 @@ def test_self_distillation_rows_strip_the_experience_and_keep_the_turns(tiny):
     each search & ask exchange (question turn + the extractor's answer), built here by the engines' own helper."""
     from comprl_jax.rl import self_distillation_select
     from comprl_jax.roles.train_batches import strip_experience
-    from comprl_jax.rollout.lockstep import (
-        _Episode,
-        _next_input,
-        answer_ask,
-        search_ask_prompt,
-        system_message,
-    )
+    from comprl_jax.rollout.episodes import Episode, next_input, system_message
+    from comprl_jax.rollout.search_ask import SearchAsk, search_ask_prompt
 
     tok, _ = tiny
     im_end = tok.special_ids.get("<|im_end|>")
@@ -468,12 +463,12 @@ def test_self_distillation_rows_strip_the_experience_and_keep_the_turns(tiny):
     reply = tok.encode("<answer>east</answer>")
     t = _traj(True, True, tokens=ids + question, mask=[0] * len(ids) + [1] * len(question))
     t.spec.experience = exp
-    e = _Episode(t.spec, {}, "x", [], True, False, None)
-    answer_ask(e, "ask", "go east", "refine:0", t.tokens, len(question), tok, im_end)
+    e = Episode(t.spec, {}, "x", [], True, False, None)
+    SearchAsk.answer(e, "ask", "go east", "refine:0", t.tokens, len(question), tok, im_end)
     t.tokens += e.pending + reply
     t.loss_mask += [0] * len(e.pending) + [1] * len(reply)
     t.ask_spans = e.ask_spans
-    after = _next_input(t.tokens, {"role": "user", "content": "Observation: y"}, tok, im_end)
+    after = next_input(t.tokens, {"role": "user", "content": "Observation: y"}, tok, im_end)
     t.tokens += after + reply
     t.loss_mask += [0] * len(after) + [1] * len(reply)
     got_ids, got_mask = strip_experience(t, tok, base, tool)

@@ -1,4 +1,4 @@
-"""The slot engine (sampling/slots.py) and the continuous-batching rollout (slot_rollout.py): greedy results equal
+"""The slot engine (sampling/slots.py) and the continuous-batching rollout (rollout/continuous.py): greedy results equal
 the lock-step engine's, rows are independent of their batch, and the schedule is reproducible."""
 
 import jax
@@ -203,20 +203,31 @@ def trainer(tmp_path_factory):
 
 
 def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1, turn_tokens=None):
-    from comprl_jax.rollout.continuous import run_episodes_continuous
-    from comprl_jax.rollout.lockstep import reset_all, run_episodes
+    from comprl_jax.rollout.continuous import Continuous
+    from comprl_jax.rollout.engine import Rollout
+    from comprl_jax.rollout.lockstep import Lockstep
+    from comprl_jax.rollout.pools import reset_all
+    from comprl_jax.rollout.search_ask import NO_SEARCH_ASK, SearchAsk
 
     specs = tr.episode_specs(tr.tasks.next(), guided=True)
     for i, s in enumerate(specs):
         s.can_ask = ask is not None and s.guided
         if turn_tokens is not None:
             s.turn_tokens = turn_tokens[i % len(turn_tokens)]
-    kw = dict(max_turns=4, max_len=2048, constraint_for=constraint_for or tr._constraint, ask=ask, ask_max=2)
-    args = (tr.actor.sampler, tr.actor.model.tokenizer, sp, jax.random.key(1))
-    lock, _ = run_episodes(tr.pools, specs, reset_all(tr.pools, specs), *args, **kw)
-    cont, timing = run_episodes_continuous(
-        tr.pools, specs, reset_all(tr.pools, specs), *args, **kw, slots=slots, chunk_steps=8, env_lag=env_lag
+    r = Rollout(
+        tr.pools,
+        tr.actor.sampler,
+        tr.actor.model.tokenizer,
+        sp,
+        max_turns=4,
+        max_len=2048,
+        constraint_for=constraint_for or tr._constraint,
+        search_ask=NO_SEARCH_ASK if ask is None else SearchAsk(ask, 2),
     )
+    key = jax.random.key(1)
+    lock, _ = Lockstep().play(r, specs, reset_all(tr.pools, specs), key)
+    engine = Continuous(slots=slots, chunk_steps=8, env_lag=env_lag)
+    cont, timing = engine.play(r, specs, reset_all(tr.pools, specs), key)
     return lock, cont, timing
 
 
@@ -300,7 +311,7 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
     )
     # Self-distillation's row of an asking episode: no question, no answer, no tool text, every action kept.
     from comprl_jax.roles.train_batches import strip_experience
-    from comprl_jax.rollout.lockstep import search_ask_prompt
+    from comprl_jax.rollout.search_ask import search_ask_prompt
 
     tok = trainer.actor.model.tokenizer
     for t in asked:
@@ -320,19 +331,16 @@ def test_continuous_rollout_search_and_ask_equals_lockstep(trainer):
 def test_continuous_rollout_is_reproducible(trainer):
     """Sampling at T=1 through the env pools' threads: runs on 3 and on 8 slots give identical trajectories (the
     schedule never depends on timing, and row keys are per episode and turn, not per batch)."""
-    from comprl_jax.rollout.continuous import run_episodes_continuous
-    from comprl_jax.rollout.lockstep import reset_all
+    from comprl_jax.rollout.continuous import Continuous
+    from comprl_jax.rollout.engine import Rollout
+    from comprl_jax.rollout.pools import reset_all
 
     sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
     specs = trainer.episode_specs(trainer.tasks.next(), guided=False)
-    args = (trainer.actor.sampler, trainer.actor.model.tokenizer, sp, jax.random.key(5))
-    kw = dict(max_turns=4, max_len=2048, constraint_for=trainer._constraint)
-    runs = [
-        run_episodes_continuous(trainer.pools, specs, reset_all(trainer.pools, specs), *args, **kw, slots=s)[
-            0
-        ]
-        for s in (3, 8)
-    ]
+    tok = trainer.actor.model.tokenizer
+    r = Rollout(trainer.pools, trainer.actor.sampler, tok, sp, 4, 2048, constraint_for=trainer._constraint)
+    key = jax.random.key(5)
+    runs = [Continuous(slots=s).play(r, specs, reset_all(trainer.pools, specs), key)[0] for s in (3, 8)]
     _same(runs[0], runs[1])
 
 

@@ -258,7 +258,7 @@ def test_constrained_actions_on_128_minihack_prompts(ours, sampler):
     """
     from comprl_jax.envs import registry
     from comprl_jax.envs.base import parse_answer
-    from comprl_jax.rollout.lockstep import system_message
+    from comprl_jax.rollout.episodes import system_message
 
     tok, cfg, n_rows = ours.tokenizer, ours.cfg, 128
     env = registry.make("comprl/MiniHack-Room-Ultimate-5x5-v0")
@@ -344,7 +344,7 @@ def test_constrained_directions_follow_the_prompt(ours, sampler):
     from comprl_jax.envs import registry
     from comprl_jax.envs.base import parse_answer
     from comprl_jax.envs.minihack_text import DIRECTIONS, normalize_action
-    from comprl_jax.rollout.lockstep import system_message
+    from comprl_jax.rollout.episodes import system_message
     from comprl_jax.sampling import action_spellings
 
     tok, cfg, k = ours.tokenizer, ours.cfg, 16

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from comprl_jax.envs import registry
-from comprl_jax.rollout.lockstep import outcome
+from comprl_jax.rollout.episodes import outcome
 from comprl_jax.rollout.tasks import Task, TaskSampler
 
 SEEDED_SPLIT = "held-out seeds"

@@ -49,7 +49,7 @@ from comprl_jax.experience import (
 )
 from comprl_jax.experience.sample import Generation
 from comprl_jax.rl.advantages import CRITIC_SCORES
-from comprl_jax.rollout.lockstep import Trajectory
+from comprl_jax.rollout.episodes import Trajectory
 
 _WORD = r"[a-z][a-z ,]{0,%d}"
 

@@ -54,16 +54,16 @@ from comprl_jax.rl.losses import loss_config
 from comprl_jax.roles import actor_critic as critic_lib
 from comprl_jax.roles import role as roles
 from comprl_jax.roles.train_batches import actor_batch, extractor_batch, strip_experience
-from comprl_jax.rollout.continuous import run_episodes_continuous
-from comprl_jax.rollout.lockstep import (
+from comprl_jax.rollout.engine import Rollout
+from comprl_jax.rollout.engines import make_engine
+from comprl_jax.rollout.episodes import EpisodeSpec, outcome
+from comprl_jax.rollout.pools import Pools, reset_all
+from comprl_jax.rollout.search_ask import (
     ASK_CLOSE,
     ASK_OPEN,
     ASK_QUERY_REGEX,
-    EpisodeSpec,
-    Pools,
-    outcome,
-    reset_all,
-    run_episodes,
+    NO_SEARCH_ASK,
+    SearchAsk,
     search_ask_prompt,
 )
 from comprl_jax.rollout.tasks import TaskSampler
@@ -421,34 +421,19 @@ class Trainer:
                 ask = lambda asks: self.track.ask_many(  # noqa: E731
                     asks, record=False, key=jax.random.fold_in(ask_key, next(calls))
                 )
-        ro = self.config.rollout
-        common = dict(
-            max_turns=self.config.env.max_turns,
-            max_len=ro.max_context,
-            constraint_for=self._constraint if self.config.actor.constrained else None,
-            ask=ask,
-            ask_max=self.config.retrieval.search_and_ask_max,
-        )
-        args = (
+        rollout = Rollout(
             pools,
-            specs,
-            resets,
             self.actor.sampler,
             self.actor.model.tokenizer,
             self.actor_sampling,
-            key,
+            max_turns=self.config.env.max_turns,
+            max_len=self.config.rollout.max_context,
+            constraint_for=self._constraint if self.config.actor.constrained else None,
+            search_ask=NO_SEARCH_ASK
+            if ask is None
+            else SearchAsk(ask, self.config.retrieval.search_and_ask_max),
         )
-        if ro.engine == "lockstep" or gather is not None:  # multi-process: lock-step (see slot_rollout.py)
-            trajs, timing = run_episodes(*args, **common, gather=gather)
-        else:
-            trajs, timing = run_episodes_continuous(
-                *args,
-                **common,
-                slots=ro.slots,
-                chunk_steps=ro.chunk_steps,
-                exit_frac=ro.exit_frac,
-                env_lag=ro.env_lag,
-            )
+        trajs, timing = make_engine(self.config.rollout, gather).play(rollout, specs, resets, key)
         timing["rollout_s"] = time.perf_counter() - t0
         if record:
             self._event("actor_rollout", step, w0, time.time())

@@ -21,7 +21,7 @@ from comprl_jax.experience.sample import decode_record
 from comprl_jax.rl import extractor_advantages
 from comprl_jax.roles import batching
 from comprl_jax.roles.role import BEHAVIOUR_MASK, SAMPLED_BY, USE_BEHAVIOUR
-from comprl_jax.rollout.lockstep import Trajectory, system_message
+from comprl_jax.rollout.episodes import Trajectory, system_message
 
 
 def shift_free(mask: Sequence[int]) -> list[int]:

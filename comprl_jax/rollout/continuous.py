@@ -25,7 +25,7 @@ follows from counts of episodes and slots, and the loop blocks when a step it ne
 rollout is reproducible, a resumed run stays bit-identical, and the lock-step engine plays the very same
 trajectories, sampled or greedy (``tests/test_slot_rollout.py``).
 
-Multi-process runs use the lock-step engine (:func:`comprl_jax.rollout.lockstep.run_episodes`). There every process steps
+Multi-process runs use the lock-step engine (:class:`comprl_jax.rollout.lockstep.Lockstep`). There every process steps
 only its own env rows and all-gathers the results after each round, so all processes issue identical jitted
 calls. The chunk schedule here would need one all-gather of the finished rows' env results per chunk instead;
 that is not built yet.
@@ -34,6 +34,7 @@ that is not built yet.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,21 +42,9 @@ from typing import Any
 
 import jax
 
-from comprl_jax.rollout.lockstep import (
-    ANSWER_OPEN,
-    ASK_CLOSE,
-    ASK_RE,
-    EpisodeSpec,
-    Pools,
-    Trajectory,
-    _Episode,
-    _next_input,
-    _slots,
-    answer_ask,
-    ask_situation,
-    search_ask_prompt,
-    start_episodes,
-)
+from comprl_jax.rollout.engine import Rollout
+from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory, next_input, start_episodes
+from comprl_jax.rollout.pools import lanes
 from comprl_jax.sampling.automaton import union
 from comprl_jax.sampling.slots import Entry, Finished, SlotBatch
 
@@ -88,144 +77,121 @@ class _Context:
         self.cached += max(n - 1, 0)  # the last sampled token is fed at the start of the next turn
 
 
-def run_episodes_continuous(
-    pools: Pools,
-    specs: Sequence[EpisodeSpec],
-    resets: Sequence[tuple[str, dict]],
-    sampler: Any,
-    tokenizer: Any,
-    sp: Any,
-    key: jax.Array,
-    *,
-    max_turns: int,
-    max_len: int,
-    constraint_for: Any = None,
-    stop_strings: Sequence[str] = ("</answer>",),
-    ask: Any = None,
-    ask_max: int = 2,
-    slots: int = 0,
-    chunk_steps: int = 16,
-    exit_frac: float = 0.125,
-    env_lag: int = 32,
-) -> tuple[list[Trajectory], dict[str, float]]:
-    """Plays all episodes to the end on ``slots`` KV-cache rows (0 = one per episode). Same arguments and results
-    as :func:`comprl_jax.rollout.lockstep.run_episodes` (no ``gather``: single process), plus:
+@dataclasses.dataclass(frozen=True)
+class Continuous:
+    """The continuous-batching engine (:class:`comprl_jax.rollout.engine.Engine`; single process).
 
-    Args:
-      slots: KV-cache rows; more episodes than slots start as earlier ones end.
+    Attributes:
+      slots: KV-cache rows (0 = one per episode); more episodes than slots start as earlier ones end.
       chunk_steps: decode positions per jitted call at most.
       exit_frac: a chunk also ends once this fraction of the slots finished their replies in it.
       env_lag: chunks an env step has before its result is due (:func:`schedule`).
-    Returns:
-      ``(trajectories in spec order, timing)``. ``timing``: ``gen_s`` (dispatching and waiting for the device),
-      ``env_s`` (waiting for env steps not yet done when their results were due), ``decode_steps``,
-      ``slot_steps`` (decode steps x slots) and ``generated`` (sampled tokens).
     """
-    E = len(specs)
-    lane = _slots(specs)
-    tool_text = search_ask_prompt(ask_max) if ask is not None else ""
-    im_end = tokenizer.special_ids.get("<|im_end|>")
-    eps = start_episodes(pools, specs, resets, tokenizer, tool_text)
-    ctx = [_Context() for _ in eps]
-    if ask is not None:
-        stop_strings = tuple(stop_strings) + (ASK_CLOSE,)
 
-    def can_ask(e: _Episode) -> bool:
-        return ask is not None and e.spec.can_ask and len(e.asked) < ask_max
+    slots: int = 0
+    chunk_steps: int = 16
+    exit_frac: float = 0.125
+    env_lag: int = 32
 
-    # Every (env id, may ask) constraint a row of this rollout can need, stacked into one automaton: all slots
-    # decode in one call, each row starting in its own constraint's block.
-    groups = sorted({(s.task.env_id, flag) for s in specs for flag in (False, ask is not None and s.can_ask)})
-    automaton, starts = union([constraint_for(g, a) if constraint_for else None for g, a in groups])
-    start_of = dict(zip(groups, starts, strict=True))
-    nslots = min(slots or E, E)
-    engine = SlotBatch(
-        sampler,
-        nslots,
-        max_len,
-        sp,
-        stop_strings=stop_strings,
-        constraint=sampler.replicate(automaton) if automaton is not None else None,
-        chunk_steps=chunk_steps,
-    )
-    max_rounds = max_turns + (ask_max if ask is not None else 0)
-    rounds = [0] * E  # replies generated per episode (its turn index in the sampling key)
-
-    def entry(b: int) -> Entry | None:
-        """The episode's next turn, or None when it ends here (context full / round limit)."""
-        e = eps[b]
-        if rounds[b] >= max_rounds:
-            e.live = False
-            return None
-        if len(ctx[b].ids) + len(e.pending) + e.spec.max_new(sp) > e.spec.max_len(max_len):
-            # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
-            e.live, e.context_full = False, True
-            return None
-        row = ctx[b].feed(e.pending)
-        return Entry(
-            -1, row, False, e.spec.max_new(sp), (b, rounds[b]), start_of[(e.spec.task.env_id, can_ask(e))]
+    def play(
+        self, r: Rollout, specs: Sequence[EpisodeSpec], resets: Sequence[tuple[str, dict]], key: jax.Array
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Plays all episodes to the end. Timing: ``gen_s`` (dispatching and waiting for the device), ``env_s``
+        (waiting for env steps not yet done when their results were due), ``decode_steps``, ``slot_steps`` (decode
+        steps x slots), ``generated`` (sampled tokens), ``device_idle_s`` and ``parked`` (:func:`schedule`)."""
+        E = len(specs)
+        lane = lanes(specs)
+        sa, sp, tok, im_end = r.search_ask, r.sp, r.tokenizer, r.im_end
+        eps = start_episodes(r.pools.system_prompts, specs, resets, tok, sa.tool_text)
+        ctx = [_Context() for _ in eps]
+        # Every (env id, may ask) constraint a row of this rollout can need, stacked into one automaton: all slots
+        # decode in one call, each row starting in its own constraint's block.
+        groups = sorted({(s.task.env_id, flag) for s in specs for flag in (False, sa.enabled and s.can_ask)})
+        constraints = [r.constraint_for(g, a) if r.constraint_for else None for g, a in groups]
+        automaton, starts = union(constraints)
+        start_of = dict(zip(groups, starts, strict=True))
+        engine = SlotBatch(
+            r.sampler,
+            min(self.slots or E, E),
+            r.max_len,
+            sp,
+            stop_strings=sa.stop_strings(r.stop_strings),
+            constraint=r.sampler.replicate(automaton) if automaton is not None else None,
+            chunk_steps=self.chunk_steps,
         )
+        rounds = [0] * E  # replies generated per episode (its turn index in the sampling key)
 
-    replies: dict[int, str] = {}
-    reply_len: dict[int, int] = {}
-    # One thread answers search & ask batches in submission (chunk) order: the extractor's calls, and so its
-    # sampling keys and the bank's retrieval statistics, follow the schedule, never timing.
-    asker = cf.ThreadPoolExecutor(1, thread_name_prefix="search-ask") if ask is not None else None
+        def entry(b: int) -> Entry | None:
+            """The episode's next turn, or None when it ends here (context full / round limit)."""
+            e = eps[b]
+            if rounds[b] >= r.max_rounds:
+                e.live = False
+                return None
+            if len(ctx[b].ids) + len(e.pending) + e.spec.max_new(sp) > e.spec.max_len(r.max_len):
+                # An episode whose context cannot hold another turn ends here (truncated, counted), never a crash.
+                e.live, e.context_full = False, True
+                return None
+            row = ctx[b].feed(e.pending)
+            start = start_of[(e.spec.task.env_id, sa.may_ask(e))]
+            return Entry(-1, row, False, e.spec.max_new(sp), (b, rounds[b]), start)
 
-    def on_replies(finished: list[tuple[int, Finished]]) -> dict[int, Any]:
-        """This chunk's replies: search & ask questions and env actions submitted (results come to on_result)."""
-        questions: dict[int, str] = {}
-        for b, f in finished:
-            ctx[b].reply(f.tokens, f.logprobs)
-            rounds[b] += 1
-            text = tokenizer.decode(f.tokens.tolist(), skip_special=True)
-            replies[b] = text
-            reply_len[b] = len(f.tokens)
-            q = ASK_RE.search(text) if can_ask(eps[b]) else None
-            if q and ANSWER_OPEN not in text:
-                questions[b] = q.group(1).strip()
-        out: dict[int, Any] = {}
-        if questions:
-            # Answered by the extractor as tool turns (no env step), in one batch per chunk.
-            items = [(q, ask_situation(eps[b]), eps[b].spec.task.env_id) for b, q in questions.items()]
-            batch = asker.submit(ask, items)
-            for i, b in enumerate(questions):
-                out[b] = _AskResult(batch, i)
-        for b, _ in finished:
-            if b not in questions:
-                out[b] = pools.pools[eps[b].spec.task.env_id].submit_step(lane[b], replies[b])
-        return out
+        replies: dict[int, str] = {}
+        reply_len: dict[int, int] = {}
+        # One thread answers search & ask batches in submission (chunk) order: the extractor's calls, and so its
+        # sampling keys and the bank's retrieval statistics, follow the schedule, never timing.
+        asker = cf.ThreadPoolExecutor(1, thread_name_prefix="search-ask") if sa.enabled else None
 
-    def on_result(b: int, result) -> bool:
-        e = eps[b]
-        if isinstance(result, _Answer):
-            answer_ask(
-                e, replies.pop(b), result.text, result.key, ctx[b].ids, reply_len[b], tokenizer, im_end
+        def on_replies(finished: list[tuple[int, Finished]]) -> dict[int, Any]:
+            """This chunk's replies: search & ask questions and env actions submitted (results: on_result)."""
+            questions: dict[int, str] = {}
+            for b, f in finished:
+                ctx[b].reply(f.tokens, f.logprobs)
+                rounds[b] += 1
+                replies[b] = tok.decode(f.tokens.tolist(), skip_special=True)
+                reply_len[b] = len(f.tokens)
+                q = sa.question(eps[b], replies[b])
+                if q is not None:
+                    questions[b] = q
+            out: dict[int, Any] = {}
+            if questions:
+                # Answered by the extractor as tool turns (no env step), in one batch per chunk.
+                batch = asker.submit(sa.ask, sa.items([(eps[b], q) for b, q in questions.items()]))
+                for i, b in enumerate(questions):
+                    out[b] = _AskResult(batch, i)
+            for b, _ in finished:
+                if b not in questions:
+                    out[b] = r.pools.pools[eps[b].spec.task.env_id].submit_step(lane[b], replies[b])
+            return out
+
+        def on_result(b: int, result) -> bool:
+            e = eps[b]
+            if isinstance(result, _Answer):
+                sa.answer(e, replies.pop(b), result.text, result.key, ctx[b].ids, reply_len[b], tok, im_end)
+                return True
+            if not e.step(replies.pop(b), result):
+                return False
+            e.pending = next_input(
+                ctx[b].ids, {"role": "user", "content": f"Observation: {e.obs}"}, tok, im_end
             )
             return True
-        if not e.step(replies.pop(b), result):
-            return False
-        e.pending = _next_input(
-            ctx[b].ids, {"role": "user", "content": f"Observation: {e.obs}"}, tokenizer, im_end
-        )
-        return True
 
-    try:
-        timing = schedule(
-            engine,
-            key,
-            [b for b, e in enumerate(eps) if e.live],
-            entry,
-            on_replies,
-            on_result,
-            exit_frac=exit_frac,
-            env_lag=env_lag,
-        )
-    finally:
-        if asker is not None:
-            asker.shutdown(wait=True)
-    trajs = [e.trajectory(list(c.ids), list(c.mask), list(c.lps)) for e, c in zip(eps, ctx, strict=True)]
-    return trajs, timing
+        try:
+            live = [b for b, e in enumerate(eps) if e.live]
+            timing = schedule(
+                engine,
+                key,
+                live,
+                entry,
+                on_replies,
+                on_result,
+                exit_frac=self.exit_frac,
+                env_lag=self.env_lag,
+            )
+        finally:
+            if asker is not None:
+                asker.shutdown(wait=True)
+        trajs = [e.trajectory(list(c.ids), list(c.mask), list(c.lps)) for e, c in zip(eps, ctx, strict=True)]
+        return trajs, timing
 
 
 class _Answer:

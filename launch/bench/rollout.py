@@ -13,10 +13,10 @@ of ``--obs_tokens`` ids.
 
 Engines, one JSON line each (``bench: "rollout"``, ``engine``):
 
-* ``lockstep``: ``rollout.run_episodes``'s schedule. The episodes play in waves of ``--slots`` rows (the same KV
-  memory as the slot engine). Each turn is one sampler call that runs until the wave's longest reply ends, then
+* ``lockstep``: the lock-step engine's schedule (``rollout.lockstep.Lockstep``). The episodes play in waves of
+  ``--slots`` rows (the same KV memory as the slot engine). Each turn is one sampler call that runs until the wave's longest reply ends, then
   every env step runs while the device waits.
-* ``continuous``: ``slot_rollout.schedule`` on ``sampling.slots.SlotBatch``, the trainer's default engine.
+* ``continuous``: ``rollout.continuous.schedule`` on ``sampling.slots.SlotBatch``, the trainer's default engine.
   Episodes take free slots as others end, and each reply's env step runs on the pool while the other slots decode;
   an episode waiting on its env step gives its slot to a ready one (its KV row is parked, ``parked`` counts them).
 
@@ -179,7 +179,8 @@ class Env:
 
 
 def run_lockstep(svc, w: Workload, env: Env, slots: int) -> dict:
-    """``rollout.run_episodes``'s schedule in waves of ``slots`` rows: one call per turn, then every env step."""
+    """The lock-step engine's schedule (``rollout.lockstep.Lockstep``) in waves of ``slots`` rows: one call per
+    turn, then every env step."""
     from comprl_jax.sampling import SamplingParams
 
     sp = SamplingParams(max_new_tokens=int(w.lengths.max()), temperature=1.0)
@@ -210,7 +211,7 @@ def run_lockstep(svc, w: Workload, env: Env, slots: int) -> dict:
 def run_continuous(
     svc, w: Workload, env: Env, slots: int, chunk_steps: int, exit_frac: float, env_lag: int = 1
 ) -> dict:
-    """The trainer's continuous engine (``slot_rollout.schedule``) on the scripted workload."""
+    """The trainer's continuous engine (``rollout.continuous.schedule``) on the scripted workload."""
     from comprl_jax.rollout.continuous import _Context, schedule
     from comprl_jax.sampling import SamplingParams
     from comprl_jax.sampling.slots import Entry, SlotBatch
