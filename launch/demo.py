@@ -15,12 +15,16 @@ paper's effect, which needs a pretrained model (`:smollm`, ideally on a GPU).
 """
 
 import os
+import sys
 import time
 
 from absl import flags
 
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from comprl_jax import config as config_lib
-from comprl_jax import launch_utils as lu
+from launch import common as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "run directory")
 _STEPS = flags.DEFINE_integer("steps", 20, "training steps")
@@ -50,7 +54,7 @@ def main(argv):
     )
     try:
         from comprl_jax.loop import trainer
-        from comprl_jax.tables import eval_table
+        from launch.tables import eval_table
 
         out = trainer.run(config, workdir)
     except BaseException:

@@ -12,11 +12,15 @@ ALFWorld and WebShop play their whole held-out splits (train.eval_full_splits); 
 
 import json
 import os
+import sys
 
 from absl import flags
 
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from comprl_jax import config as config_lib
-from comprl_jax import launch_utils as lu
+from launch import common as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory written by launch/train.py")
 _TASKS = flags.DEFINE_integer(
@@ -46,7 +50,7 @@ def main(argv):
     import ml_collections
 
     from comprl_jax.loop.trainer import Trainer
-    from comprl_jax.tables import eval_table
+    from launch.tables import eval_table
 
     with open(path) as f:
         config = ml_collections.ConfigDict(config_lib.upgrade_saved(json.load(f)))

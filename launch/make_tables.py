@@ -11,10 +11,14 @@ on shared axes (baseline against Complementary RL, like the paper's Fig. 6-7), s
 
 import glob
 import os
+import sys
 
 from absl import flags
 
-from comprl_jax import launch_utils as lu
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from launch import common as lu
 
 RUNS = flags.DEFINE_list("runs", [], "run directories (globs allowed), written by launch/train.py")
 OUT = flags.DEFINE_string("out", "", "optional markdown output path")
@@ -36,7 +40,7 @@ def _expand(patterns: list[str]) -> list[str]:
 def main(argv):
     del argv
     lu.configure_logging(lu.flag_verbosity())
-    from comprl_jax.tables import group_runs, load_run, report
+    from launch.tables import group_runs, load_run, report
 
     if not RUNS.value:
         raise lu.LaunchError("--runs is required", "e.g. --runs=runs/mt3,runs/mt3_baseline (globs allowed)")

@@ -47,8 +47,11 @@ import sys
 
 from absl import flags
 
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from comprl_jax import config as config_lib
-from comprl_jax import launch_utils as lu
+from launch import common as lu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLES = ("1", "scaling", "capacity", "single")

@@ -17,12 +17,16 @@ Meshes: --config.mesh.data/fsdp/tensor, --config.mesh.placement=colocated|disjoi
 import json
 import os
 import shutil
+import sys
 
 from absl import flags
 from ml_collections import config_flags
 
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from comprl_jax import config as config_lib
-from comprl_jax import launch_utils as lu
+from launch import common as lu
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "configs/<experiment>.py[:variant]", lock_config=True
@@ -90,7 +94,7 @@ def resume_check(config, workdir: str, allow: bool, leader: bool) -> dict | None
 def summary(out: dict, start_step: int | None, steps: int) -> str:
     """The end-of-run lines: the last recorded metrics (and 'nothing to do' for a finished run), then the
     held-out evaluation table."""
-    from comprl_jax.tables import eval_table
+    from launch.tables import eval_table
 
     last = out.get("last_metrics") or {}
     nan = float("nan")

@@ -105,7 +105,6 @@ LAYERS = (
     ("roles",),  # a trained model and its sampler, training batches
     ("config",),
     ("loop",),  # the trainer and what it drives
-    ("launch_utils", "tables"),
 )
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from trainer_helpers import REPO
 
-from comprl_jax import launch_utils as lu
+from launch import common as lu
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TOKENIZERS_PARALLELISM": "false"}
 TINY = "--config=configs/minihack_room.py:tiny"

@@ -139,7 +139,7 @@ def test_tensorboard_reads_our_logs_with_the_printed_command(tmp_path):
     import shlex
     import subprocess
 
-    from comprl_jax.launch_utils import tensorboard_command
+    from launch.common import tensorboard_command
 
     w = MetricsWriter(str(tmp_path))
     for s in range(3):

@@ -11,7 +11,7 @@ import pytest
 
 from comprl_jax import config as config_lib
 from comprl_jax.envs import registry
-from comprl_jax.launch_utils import config_diff, config_tree
+from launch.common import config_diff, config_tree
 
 FLAG_KEYS = {k for flags in config_lib.METHOD_FLAGS.values() for k in flags} | {"method"}
 

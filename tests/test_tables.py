@@ -8,7 +8,7 @@ import sys
 import pytest
 from trainer_helpers import REPO
 
-from comprl_jax.tables import (
+from launch.tables import (
     TABLE1_ENVS,
     eval_table,
     load_run,
@@ -250,7 +250,7 @@ def test_cli_groups_seeds_and_plots_them_on_shared_axes(tmp_path):
 
 def test_second_half_success_is_the_pre_registered_statistic():
     """Issue 19's statistic by hand: 5 logged steps -> steps 3 and 4 count (ceil(5 / 2) = 3)."""
-    from comprl_jax.tables import second_half_success
+    from launch.tables import second_half_success
 
     rows = [
         {"step": 0, "success": 0.5, "success/free": 0.0, "success/guided": 1.0},

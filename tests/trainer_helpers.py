@@ -130,7 +130,7 @@ def record_config_reads(config, monkeypatch) -> set[str]:
 
 
 def unread_keys(config, reads: set[str]) -> list[str]:
-    from comprl_jax.launch_utils import config_tree, flatten
+    from launch.common import config_tree, flatten
 
     keys = flatten(config_tree(config))
     return sorted(k for k in keys if k not in reads and not any(r.startswith(k + ".") for r in reads))

@@ -26,13 +26,16 @@ them did: an env raised, hung or its worker died).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from comprl_jax.envs import registry
-from comprl_jax.rollout.episodes import outcome
+from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory, outcome
+from comprl_jax.rollout.pools import Pools
 from comprl_jax.rollout.tasks import Task, TaskSampler
 
 SEEDED_SPLIT = "held-out seeds"
@@ -69,23 +72,38 @@ def eval_tasks(
     return [Task(env_id, t.seed, index) for t in sampler.eval_tasks(n)]
 
 
-def evaluate(trainer: Any, n_per_task: int, with_experience: bool) -> dict[str, dict]:
-    """Plays the held-out tasks of every env in ``trainer.config.env.tasks``; returns ``{label: row}``."""
-    c = trainer.config
-    guided = with_experience and trainer.track is not None
+@dataclasses.dataclass(frozen=True)
+class Player:
+    """What evaluation needs from the loop, as functions (it never sees the trainer).
+
+    Attributes:
+      specs: ``(tasks, guided) -> [EpisodeSpec]``: the episodes of ``tasks`` (``group_size / 2`` each) as
+        evaluation plays them (every one guided, or none).
+      play: ``(specs, pools, key) -> [Trajectory]``: plays them read-only (no retrieval statistics, no training
+        samples; search & ask answered from keys derived from ``key``).
+      pools: ``split -> Pools``: env pools on a held-out split (``None``: the seeded / fixed-level envs).
+    """
+
+    specs: Callable[[Sequence[Task], bool], list[EpisodeSpec]]
+    play: Callable[[list[EpisodeSpec], Pools, jax.Array], list[Trajectory]]
+    pools: Callable[[str | None], Pools]
+
+
+def evaluate(config: Any, player: Player, n_per_task: int, guided: bool) -> dict[str, dict]:
+    """Plays the held-out tasks of every env in ``config.env.tasks`` (``guided``: with retrieved experience);
+    returns ``{label: row}``."""
+    c = config
     out: dict[str, dict] = {}
     key = jax.random.key(c.seed + 12345 + (1 if guided else 0))
     per_call = c.rollout.tasks_per_step * 2  # tasks x K/2 episodes = the training pools' slots
     for index, env_id in enumerate(c.env.tasks):
         for split in splits_of(env_id, c.env.eval_split):
-            pools = trainer.eval_pools(split)
+            pools = player.pools(split)
             tasks = eval_tasks(env_id, index, split, n_per_task, c.seed, c.train.eval_full_splits)
             trajs = []
             for i in range(0, len(tasks), per_call):
                 key, sub = jax.random.split(key)
-                specs = trainer.episode_specs(tasks[i : i + per_call], guided=guided, eval_mode=True)
-                got, _ = trainer.play(specs, pools, step=trainer.step, key=sub, record=False)
-                trajs += got
+                trajs += player.play(player.specs(tasks[i : i + per_call], guided), pools, sub)
             ok = [t for t in trajs if not t.infra_failed]
             out[label(env_id, split, c.env.eval_split)] = {
                 "env_id": env_id,

@@ -303,6 +303,15 @@ class ExtractorTrack:
     def merge(self, step: int) -> dict:
         return self.mgr.merge(step)
 
+    def dedup(self, threshold: float) -> None:
+        """One offline deduplication pass over the bank (``bank.offline_dedup``)."""
+        self.mgr.dedup(threshold)
+
+    def entry_text(self, uid) -> str:
+        """The text of bank entry ``uid`` ("" when it is gone)."""
+        entry = self.mgr.bank.entries.get(uid)
+        return entry.text if entry else ""
+
     def pop_batch(self, step: int):
         """The next full buffer batch for an extractor update in trainer step ``step`` (Eq. 7's t), or None."""
         return self.mgr.pop_extractor_batch(step)

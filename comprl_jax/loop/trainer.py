@@ -446,10 +446,9 @@ class Trainer:
         index = {id(s): i for i, s in enumerate(specs)}
         items = []
         for s in judged:
-            entry = self.track.mgr.bank.entries.get(s.entry_uids[0])
             succ, n = self.task_stats.get(s.task.env_id, (0, 0))
             goal = resets[index[id(s)]][1].get("goal") or resets[index[id(s)]][1].get("query", "")
-            items.append((str(goal), entry.text if entry else "", succ / n if n else None))
+            items.append((str(goal), self.track.entry_text(s.entry_uids[0]), succ / n if n else None))
         constraint = (
             self.actor.sampler.regex_constraint(critic_lib.DECISION_REGEX)
             if self.config.actor.constrained
@@ -493,7 +492,7 @@ class Trainer:
             self.track.distill_async(trajs, -1, every=True).result()
         self.track.merge(-1)
         if cfg.bank.offline_dedup > 0:
-            self.track.mgr.dedup(cfg.bank.offline_dedup)
+            self.track.dedup(cfg.bank.offline_dedup)
         self.offline_built = True
         self.save(force=True)
 
@@ -711,7 +710,14 @@ class Trainer:
     def evaluate(self, n_per_task: int, with_experience: bool) -> dict[str, dict]:
         """Held-out success per env (and split): see :mod:`comprl_jax.loop.evaluation`."""
         self.join_extractor()
-        return evaluation.evaluate(self, n_per_task, with_experience)
+        player = evaluation.Player(
+            specs=lambda tasks, guided: self.episode_specs(tasks, guided=guided, eval_mode=True),
+            play=lambda specs, pools, key: self.play(specs, pools, step=self.step, key=key, record=False)[0],
+            pools=self.eval_pools,
+        )
+        return evaluation.evaluate(
+            self.config, player, n_per_task, with_experience and self.track is not None
+        )
 
     def evaluate_modes(self, n_per_task: int) -> dict[str, dict]:
         """``{"without_exp": ..., "with_exp": ...}`` (the latter only when the run uses experience)."""

@@ -3,7 +3,7 @@
   python launch/bench/compare_stat.py --root=runs/compare_cpu
 
 Per run (``ROOT/<method>_s<seed>``): training success of the free half (every episode for the baseline) and of the
-guided half, each averaged over the second half of the logged steps (:func:`comprl_jax.tables.second_half_success`),
+guided half, each averaged over the second half of the logged steps (:func:`launch.tables.second_half_success`),
 the first-half figure beside it, and the held-out eval at the end, without and with experience. Per arm: mean ±
 standard error over seeds. Differences against the baseline are printed with their combined standard error.
 """
@@ -14,11 +14,15 @@ import glob
 import json
 import math
 import os
+import sys
 
 from absl import app, flags
 
-from comprl_jax import tables
+# the repo root on sys.path: launch/common.py imports as launch.common
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 from comprl_jax.runtime import metrics as mlib
+from launch import tables
 
 _ROOT = flags.DEFINE_string("root", "runs/compare_cpu", "sweep directory written by compare_cpu.sh")
 _RANDOM = flags.DEFINE_string(
