@@ -53,10 +53,10 @@ def main(argv):
         f"[demo] Complementary RL, {config.env.tasks[0]}, tiny models, {config.train.steps} steps -> {workdir}"
     )
     try:
-        from comprl_jax.loop import trainer
+        from comprl_jax.loop import run as run_lib
         from launch.tables import eval_table
 
-        out = trainer.run(config, workdir)
+        out = run_lib.run(config, workdir)
     except BaseException:
         lu.undo_workdir(workdir, undo)
         raise

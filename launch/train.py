@@ -60,7 +60,7 @@ def _fmt(v) -> str:
 def resume_check(config, workdir: str, allow: bool, leader: bool) -> dict | None:
     """Compares this config with the run's ``config.json`` when the run has a checkpoint to resume from.
 
-    Returns the ``row_extra`` for trainer.run (None when nothing changed). Raises LaunchError listing the
+    Returns the ``row_extra`` for loop.run.run (None when nothing changed). Raises LaunchError listing the
     changed keys unless ``allow``; with ``allow`` the old config is kept as ``config.<step>.json``.
     """
     step = lu.latest_checkpoint_step(workdir)
@@ -135,7 +135,7 @@ def main(argv):
     workdir = os.path.abspath(_WORKDIR.value)
     undo = lu.prepare_workdir(workdir)
     try:
-        from comprl_jax.loop import trainer
+        from comprl_jax.loop import run as run_lib
         from comprl_jax.runtime import distributed
 
         distributed.initialize(
@@ -147,7 +147,7 @@ def main(argv):
         leader = distributed.is_leader()
         row_extra = resume_check(config, workdir, _ALLOW_CHANGE.value, leader)
         start = lu.latest_checkpoint_step(workdir)
-        out = trainer.run(config, workdir, stop_after=_STOP_AFTER.value, row_extra=row_extra)
+        out = run_lib.run(config, workdir, stop_after=_STOP_AFTER.value, row_extra=row_extra)
     except BaseException:
         if leader_or_single():
             lu.undo_workdir(workdir, undo)

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
 def finished(tmp_path_factory):
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     work = tmp_path_factory.mktemp("resume") / "run"
-    trainer.run(load_config("minihack_room", "tiny"), str(work), progress=False)  # checkpoints 1 and 2
+    run_lib.run(load_config("minihack_room", "tiny"), str(work), progress=False)  # checkpoints 1 and 2
     assert {"1", "2"} <= set(os.listdir(work / "checkpoints"))
     return work
 

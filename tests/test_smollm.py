@@ -306,7 +306,7 @@ def test_smollm_config_one_training_step_on_cpu(tmp_path):
     """``configs/minihack_room.py:smollm`` (SmolLM2 as actor and extractor, constrained actions and ops) runs one
     full training step on CPU with the MINI overrides (1 task x 2 episodes x 3 turns): rollouts, distillation
     through the extractor, the actor update and the extractor's join. Driven through ``Trainer`` directly: the
-    end-of-run evaluation and the 3 GB of checkpoints of ``trainer.run`` are covered by the tiny smoke tests."""
+    end-of-run evaluation and the 3 GB of checkpoints of ``loop.run.run`` are covered by the tiny smoke tests."""
     import time
 
     from trainer_helpers import load_config

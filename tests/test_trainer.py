@@ -81,7 +81,7 @@ SMOKE = [
 
 @pytest.mark.parametrize("name,variant", SMOKE)
 def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     # Offline Exp. with the released code's distill_from="guided": the build's free rollouts are still distilled.
     over = {"extractor.distill_from": "guided"} if "offline" in variant else {}
@@ -91,7 +91,7 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
     if name in lighter:
         over.update({"rollout.tasks_per_step": lighter[name], "train.eval_tasks": 2})
     c = load_config(name, variant, **over)
-    out = trainer.run(c, str(tmp_path), progress=False)
+    out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 2
     rows = _read(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
@@ -141,7 +141,7 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     from trainer_helpers import NOT_READ_BY_A_TINY_RUN, record_config_reads, record_field_reads, unread_keys
 
     from comprl_jax.experience import BankConfig, BufferConfig, ManagerConfig, RetrievalConfig
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     over = {
         "train.steps": 4,
@@ -159,7 +159,7 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     field_reads, given = record_field_reads(
         (ManagerConfig, RetrievalConfig, BufferConfig, BankConfig), monkeypatch
     )
-    out = trainer.run(c, str(tmp_path), progress=False)
+    out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 4
     assert unread_keys(c, reads) == sorted(NOT_READ_BY_A_TINY_RUN)
     # ... and the components built from them consult every field they were given: a key copied into a field only
@@ -240,13 +240,13 @@ def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
     """The paper-scale update and rollout paths on tiny models: episodes in waves of one row, per-layer remat
     and the chunked output head for both roles."""
     from comprl_jax.config import validate
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     over = {"rollout.rows_per_wave": 1, "actor.remat": True, "extractor.remat": True}
     c = load_config(
         "minihack_room", "tiny", **over, **{"actor.logits_chunk": 16, "extractor.logits_chunk": 16}
     )
-    out = trainer.run(c, str(tmp_path), progress=False)
+    out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 2
     rows = _read(tmp_path / "metrics.jsonl")
     assert all(np.isfinite(r["actor/grad_norm"]) for r in rows)  # (zero when both rows score alike)
@@ -258,15 +258,15 @@ def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
     with pytest.raises(ValueError, match="rollout.rows_per_wave"):
         validate(bad)  # 3 does not divide the step's 4 episodes: refused before anything starts
     with pytest.raises(ValueError, match="rollout.rows_per_wave"):
-        trainer.run(bad, str(tmp_path / "bad"), progress=False)
+        run_lib.run(bad, str(tmp_path / "bad"), progress=False)
 
 
 def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     c = load_config("swebench", "tiny")
     with pytest.raises(KeyError, match="SWEBench-Verified-v0"):
-        trainer.run(c, str(tmp_path), progress=False)
+        run_lib.run(c, str(tmp_path), progress=False)
 
 
 def _final_state(workdir):

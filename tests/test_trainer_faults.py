@@ -42,7 +42,7 @@ class FaultySokoban(SokobanTextEnv):
 
 def test_run_survives_env_faults_and_malformed_extractor_output(tmp_path):
     registry.register("test/FaultySokoban-v0", f"{__name__}:FaultySokoban", dim=6, num_boxes=2)
-    from comprl_jax.loop import trainer
+    from comprl_jax.loop import run as run_lib
 
     c = load_config(
         "minihack_room",
@@ -58,7 +58,7 @@ def test_run_survives_env_faults_and_malformed_extractor_output(tmp_path):
         },
     )
     c.env.tasks = ("test/FaultySokoban-v0",)
-    out = trainer.run(c, str(tmp_path), progress=False)
+    out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 3
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
