@@ -68,12 +68,10 @@ METHOD_FLAGS = {
     },
 }
 METHODS = (*METHOD_FLAGS, "custom")
-ADV_NORMS = ("mean_std", "mean")
 BANK_KEYS = ("content", "query")
 DISTILL_FROM = ("all", "guided")
 DISTILL_OVERLAPS = ("auto", "rollout", "update")  # extractor.distill_overlap
 PLACEMENTS = ("colocated", "disjoint")
-PARTITIONS = ("shared", "task")
 DTYPES = ("float32", "bfloat16")  # actor/extractor.param_dtype and dtype (models.config.DTYPES allows these)
 
 
@@ -334,6 +332,10 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the first bad key."""
+    # The allowed values live with the code that reads them (imported here: the schema itself stays free of JAX).
+    from comprl_jax.experience.bank import PARTITIONS
+    from comprl_jax.rl.advantages import ADV_NORMS
+
     _check(c.method in METHODS, "method", f"{c.method!r} not in {METHODS}")
     flags = METHOD_FLAGS.get(c.method, {})
     off = [f"{k}={_get(c, k)} (method {c.method!r} means {v})" for k, v in flags.items() if _get(c, k) != v]
