@@ -30,13 +30,11 @@ metrics still land in row s). Several processes: replicated host state over SPMD
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import re
 import shutil
-import threading
 import time
 from typing import Any
 
@@ -46,14 +44,15 @@ import numpy as np
 from comprl_jax.envs import registry
 from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.loop import evaluation
-from comprl_jax.loop.extractor_track import ExtractorTrack, PendingDistill
+from comprl_jax.loop.extractor_track import ExtractorTrack
+from comprl_jax.loop.extractor_updates import ExtractorUpdates
 from comprl_jax.loop.vocab_corpus import action_words, tokenizer_corpus
 from comprl_jax.models.zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
 from comprl_jax.rl.losses import loss_config
 from comprl_jax.roles import actor_critic as critic_lib
 from comprl_jax.roles import role as roles
-from comprl_jax.roles.train_batches import actor_batch, extractor_batch, strip_experience
+from comprl_jax.roles.train_batches import actor_batch, strip_experience
 from comprl_jax.rollout.engine import Rollout
 from comprl_jax.rollout.engines import make_engine
 from comprl_jax.rollout.episodes import EpisodeSpec, outcome
@@ -71,19 +70,6 @@ from comprl_jax.runtime import distributed as dist
 from comprl_jax.runtime.checkpoint import RunCheckpointer
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class PendingUpdate:
-    """An extractor update in flight: its metrics row, device metrics, host metrics and timing."""
-
-    row: dict
-    metrics: Any
-    host: dict
-    step: int
-    t0: float
-    watcher: threading.Thread
-    done: dict
 
 
 class Trainer:
@@ -120,18 +106,12 @@ class Trainer:
         # joined after it. The extractor's sampler keeps the weights before them meanwhile (its refresh is deferred
         # to the join), so search & ask is answered during that rollout, on the ask thread of the continuous engine.
         self.overlap_extractor = self.actor_mesh is not None and cfg.mesh.placement == "disjoint"
-        self._pending: list[PendingUpdate] = []
-        # An extractor sampler refresh not yet in a metrics row (it may happen at an evaluation's or a checkpoint's
-        # join, between rows): the next logged row reports it.
-        self._refresh_unreported = False
         # Producer-consumer distillation (extractor.distill_overlap="rollout"; auto on disjoint placement): step s's
         # distillation generates during step s+1's rollout; its ops reach the bank at the next join (join_distill).
         overlap = cfg.extractor.distill_overlap
         self.distill_overlap = (
             ("rollout" if self.overlap_extractor else "update") if overlap == "auto" else overlap
         )
-        self._distilling: PendingDistill | None = None
-        self._distill_wait_s = 0.0
         self.timeline: list[dict] = []
         tok = None
         if "tiny" in (cfg.actor.model, cfg.extractor.model) or any(
@@ -199,6 +179,8 @@ class Trainer:
                 cfg.seed,
                 multi_process=self.multi,
             )
+        # The extractor's updates and distillation in flight, and their joins (loop/extractor_updates.py).
+        self.background = ExtractorUpdates(self.track, self.extractor, self._event)
         self.actor_sampling = roles.sampling_params(cfg.actor.sampling)
         self._constraints: dict[tuple[str, bool], Any] = {}
         self.step = 0
@@ -531,7 +513,7 @@ class Trainer:
         # 4. extractor: entry rewards, then distillation (frozen bank for Offline Exp.)
         distill = self.track is not None and not self.offline
         background = distill and self.distill_overlap == "rollout"
-        metrics["time/distill_wait_s"], self._distill_wait_s = self._distill_wait_s, 0.0
+        metrics["time/distill_wait_s"] = self.background.take_distill_wait()
         now = None
         if self.train_extractor:
             self.track.record_outcomes(trajs)
@@ -567,16 +549,16 @@ class Trainer:
             metrics["time/distill_wait_s"] += self.track.distill_apply(now)
             if merge_now:
                 self.track.merge(step)
-        if fetch and self._refresh_unreported:  # the sampler copy's device time (sampling.layout)
+        if fetch and self.background.refresh_unreported:  # the sampler copy's device time (sampling.layout)
             metrics["extractor/rollout_refresh_s"] = self.extractor.refresh_seconds()
-            self._refresh_unreported = False
+            self.background.refresh_unreported = False
         if self.train_extractor:
-            self._start_extractor_updates(step, metrics)
+            self.background.dispatch(step, metrics)
         if background:
             # Launched after the updates' dispatch: on a layout whose sampler reads the training state, the
             # sampler then holds its copy of the weights before them (roles.dispatch_update), which the
             # distillation samples while the updates run; the generation overlaps the next rollout.
-            self._distilling = self.track.distill_launch(trajs, step)
+            self.background.launch_distill(trajs, step)
             if merge_now:
                 self.track.merge(step)
         if self.train_extractor:
@@ -614,79 +596,23 @@ class Trainer:
                     rows.append(got)
         return rows[: self.sft_slots]
 
-    def _start_extractor_updates(self, step: int, row: dict) -> None:
-        """One CISPO update per full buffer batch (SPEC §3), dispatched asynchronously; :meth:`join_extractor`
-        adds their metrics to ``row``.
-
-        With disjoint placement the join waits until after the next step's rollout, so the updates run on the
-        extractor's devices while the actor's devices play episodes (SPEC §6). The extractor's sampler keeps the
-        weights from before the updates until the join (``dispatch_update(refresh=False)``): search & ask during
-        that rollout samples them (its generations say which version, and train against their own behaviour
-        logprobs). The bank-side bookkeeping (``mark_trained``) needs only the batch and happens now, at its fixed
-        point of the step; checkpoints are taken joined (``run``), so a resumed run replays the same versions.
-        """
-        while (samples := self.track.pop_batch(step)) is not None:
-            batch, host = extractor_batch(samples, self.extractor.model.tokenizer, self.track.version)
-            self.track.mark_trained(samples, step)
-            t0 = time.time()
-            # The sampler's refresh waits for the join (the updates' fixed end point).
-            device_metrics = roles.dispatch_update(self.extractor, batch, refresh=False)
-            done: dict[str, float] = {}
-            # Records when the device work finished (a wait, not a dispatch: safe on any thread).
-            watcher = threading.Thread(
-                target=lambda device_metrics=device_metrics, done=done: (
-                    jax.block_until_ready(device_metrics),
-                    done.setdefault("end", time.time()),
-                ),
-                name="extractor-update-watch",
-                daemon=True,
-            )
-            watcher.start()
-            self._pending.append(PendingUpdate(row, device_metrics, host, step, t0, watcher, done))
-
     def join_extractor(self, refresh: bool = True) -> bool:
-        """Waits for the extractor updates in flight (if any) and puts their metrics (the mean over a row's
-        updates; ``updates`` = how many) in the row of their step. ``refresh``: then the extractor's sampler takes
-        the updated weights (returns whether it did).
+        """Waits for the extractor updates in flight and puts their metrics in their rows; ``refresh``: joins the
+        distillation, then the extractor's sampler takes the updated weights (returns whether it did).
 
         Where the refresh happens is fixed whatever the placement: after the next step's rollout (train_step), or
         at a checkpoint, an evaluation or the end. A co-located run joins its updates at the end of their own step
         with ``refresh=False``, so its search & ask during the next rollout samples the same weights as a disjoint
-        run's, whose updates are still running then (tests/test_placement.py)."""
-        if refresh:
-            # a refresh changes the weights a running distillation samples: it is joined first
-            self.join_distill()
-        pending, self._pending = self._pending, []
-        by_row: dict[int, list] = {}
-        for p in pending:
-            out = {**jax.device_get(p.metrics), **p.host}
-            p.watcher.join()
-            self._event("extractor_update", p.step, p.t0, p.done.get("end", time.time()))
-            by_row.setdefault(id(p.row), [p.row, []])[1].append(out)
-        for row, outs in by_row.values():
-            for k in outs[0]:
-                vals = [o[k] for o in outs if k in o]
-                agg = max if k.endswith("_max") or k == "step" else None
-                row[f"extractor/{k}"] = float(agg(vals)) if agg else float(np.nanmean(vals))
-            row["extractor/updates"] = float(len(outs))
-        if refresh and self.extractor is not None and self.extractor.apply_refresh():
-            self.track.sampler_refreshed()
-            self._refresh_unreported = True
-            return True
-        return False
+        run's, whose updates are still running then (tests/test_placement.py; loop/extractor_updates.py)."""
+        return self.background.join(refresh)
 
     def join_distill(self) -> None:
-        """Waits for the background distillation (if any) and applies its ops to the bank. Called where the
-        extractor's sampler is refreshed (after the rollout, at checkpoints, evaluations and the end), so its
-        fixed points are those of the refresh whatever the placement; the wait goes to the next row's
-        ``time/distill_wait_s``."""
-        pending, self._distilling = self._distilling, None
-        if pending is not None:
-            self._distill_wait_s += self.track.distill_apply(pending)
+        """Applies the background distillation's ops to the bank (waiting for it if needed)."""
+        self.background.join_distill()
 
     @property
     def extractor_pending(self) -> bool:
-        return bool(self._pending)
+        return self.background.in_flight
 
     # -- evaluation ----------------------------------------------------------------------------------
     def eval_pools(self, split: str | None) -> Pools:
