@@ -25,8 +25,8 @@ follows from counts of episodes and slots, and the loop blocks when a step it ne
 rollout is reproducible, a resumed run stays bit-identical, and the lock-step engine plays the very same
 trajectories, sampled or greedy (``tests/test_slot_rollout.py``).
 
-Multi-process runs use the lock-step engine (:class:`comprl_jax.rollout.lockstep.Lockstep`). There every process steps
-only its own env rows and all-gathers the results after each round, so all processes issue identical jitted
+Multi-process runs use the lock-step engine (:class:`comprl_jax.rollout.lockstep.Lockstep`). There every process
+steps only its own env rows and all-gathers the results after each round, so all processes issue identical jitted
 calls. The chunk schedule here would need one all-gather of the finished rows' env results per chunk instead;
 that is not built yet.
 """
@@ -43,7 +43,7 @@ from typing import Any
 import jax
 
 from comprl_jax.rollout.engine import Rollout
-from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory, next_input, start_episodes
+from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory, start_episodes
 from comprl_jax.rollout.pools import lanes
 from comprl_jax.sampling.automaton import union
 from comprl_jax.sampling.slots import Entry, Finished, SlotBatch
@@ -168,12 +168,7 @@ class Continuous:
             if isinstance(result, _Answer):
                 sa.answer(e, replies.pop(b), result.text, result.key, ctx[b].ids, reply_len[b], tok, im_end)
                 return True
-            if not e.step(replies.pop(b), result):
-                return False
-            e.pending = next_input(
-                ctx[b].ids, {"role": "user", "content": f"Observation: {e.obs}"}, tok, im_end
-            )
-            return True
+            return e.observe(replies.pop(b), result, ctx[b].ids, tok, im_end)
 
         try:
             live = [b for b, e in enumerate(eps) if e.live]

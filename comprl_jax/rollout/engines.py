@@ -8,14 +8,11 @@ from comprl_jax.rollout.continuous import Continuous
 from comprl_jax.rollout.engine import Engine
 from comprl_jax.rollout.lockstep import Lockstep
 
-ENGINES = ("continuous", "lockstep")  # rollout.engine
-
 
 def make_engine(rollout_cfg: Any, gather: Any = None) -> Engine:
     """``rollout.engine``'s engine; multi-process runs (``gather`` given) always play lock-step (the continuous
-    schedule has no cross-process exchange: :mod:`comprl_jax.rollout.continuous`)."""
-    if rollout_cfg.engine not in ENGINES:
-        raise ValueError(f"config key rollout.engine: {rollout_cfg.engine!r} not in {ENGINES}")
+    schedule has no cross-process exchange: :mod:`comprl_jax.rollout.continuous`). ``config.validate`` has
+    checked ``rollout.engine``."""
     if rollout_cfg.engine == "lockstep" or gather is not None:
         return Lockstep(gather)
     return Continuous(

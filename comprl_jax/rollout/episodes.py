@@ -130,6 +130,16 @@ class Episode:
             self.live = False
         return self.live
 
+    def observe(self, reply: str, result, ids: list[int], tokenizer, im_end: int | None) -> bool:
+        """An env step in both engines: :meth:`step`, then (the episode goes on) its new observation becomes the
+        next input after ``ids``, the context so far. True when the episode goes on."""
+        if not self.step(reply, result):
+            return False
+        self.pending = next_input(
+            ids, {"role": "user", "content": f"Observation: {self.obs}"}, tokenizer, im_end
+        )
+        return True
+
     def trajectory(self, ids: list[int], mask: list[int], logprobs: list[float]) -> Trajectory:
         return Trajectory(
             spec=self.spec,

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from comprl_jax.rollout.engine import Rollout
-from comprl_jax.rollout.episodes import Episode, EpisodeSpec, Trajectory, next_input, start_episodes
+from comprl_jax.rollout.episodes import Episode, EpisodeSpec, Trajectory, start_episodes
 from comprl_jax.rollout.pools import lanes, own_rows
 
 
@@ -79,10 +79,7 @@ class Lockstep:
                 got = self.gather({b: list(v) for b, v in results.items()})
                 results = {b: tuple(v) for b, v in sorted(got.items())}
             for b, result in results.items():
-                e = eps[b]
-                if e.step(replies[b], result):
-                    message = {"role": "user", "content": f"Observation: {e.obs}"}
-                    e.pending = next_input(conv.ids[b], message, tok, im_end)
+                eps[b].observe(replies[b], result, conv.ids[b], tok, im_end)
             t_env += time.perf_counter() - t1
             t_gen += t1 - t0
         trajs = [e.trajectory(*conv.tokens(b), conv.logprobs(b)) for b, e in enumerate(eps)]
