@@ -30,6 +30,9 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from comprl_jax.config import keys
+from comprl_jax.config.keys import flatten
+
 USAGE_EXIT = 2  # a bad command line: nothing ran
 RUN_EXIT = 1  # a failure while running
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -351,18 +354,6 @@ def latest_checkpoint_step(workdir: str) -> int | None:
 
 
 # -- configs: print, compare ---------------------------------------------------------------------------
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"actor": {"lr": 1}}`` -> ``{"actor.lr": 1}`` (insertion order kept; tuples as lists)."""
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
 def config_tree(config) -> dict[str, Any]:
     """A ConfigDict as the JSON tree the trainer writes to ``config.json`` (same key order, lists)."""
     return json.loads(config.to_json_best_effort())
@@ -379,14 +370,14 @@ def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Iterable
 def config_comments(source_path: str | None = None) -> dict[str, str]:
     """``{"actor.lr": "comment", ...}`` from the comments beside the assignments in ``base_config``.
 
-    Read from the source text of comprl_jax/config.py (the comments are the documentation of the keys): an
+    Read from the source text of comprl_jax/config/schema.py (the comments are the documentation of the keys): an
     inline comment belongs to its assignment; a block of comment lines belongs to the assignment below it; a
     comment line starting in lower case right after a commented assignment continues that comment.
     """
     if source_path is None:
-        from comprl_jax import config as config_module
+        from comprl_jax.config import schema
 
-        source_path = config_module.__file__
+        source_path = schema.__file__
     with open(source_path) as f:
         text = f.read()
     comments: dict[int, str] = {}
@@ -428,17 +419,11 @@ def config_comments(source_path: str | None = None) -> dict[str, str]:
 
 
 def format_config(config, comments: Mapping[str, str] | None = None) -> str:
-    """One ``key = value  # comment`` line per key of the final config, in the order of config.py; values in
+    """One ``key = value  # comment`` line per key of the final config, in the order of config/schema.py; values in
     Python syntax, as ``--config.key=value`` overrides take them."""
     comments = config_comments() if comments is None else comments
 
-    def value(key):
-        node = config
-        for part in key.split("."):
-            node = node[part]
-        return node
-
-    pairs = [(k, repr(value(k))) for k in flatten(config_tree(config))]
+    pairs = [(k, repr(keys.get(config, k))) for k in flatten(config_tree(config))]
     width = max(len(f"{k} = {v}") for k, v in pairs)
     lines = []
     for k, v in pairs:
