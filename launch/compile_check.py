@@ -16,7 +16,7 @@ Functions (``--functions``, comma list; default: the first four):
                      of the mesh's batch devices, as launch/reproduce.py sets it: one sequence per fsdp group),
                      ``micro_batches`` of them per step (the step's rows / rows: the float32 gradient accumulator and
                      the scan are in the program), ``seq_len = rollout.max_context`` tokens.
-  extractor_update   the same for the extractor (rows per step = ``extractor.buffer_size``, ``extractor.max_context``).
+  extractor_update   the same for the extractor (rows per step = ``extractor.buffer.batch_size``, ``extractor.max_context``).
   prefill            the sampler's prefill (``sampling.decode.prefill`` with the sampler's row groups) of a wave of
                      rollout rows (``rollout.rows_per_wave``, 0 = the step's episodes; rounded as the sampler's
                      ``batch_bucket``) with prompts of ``prompt_len`` tokens (default 2,048: a first turn's system
@@ -372,7 +372,7 @@ class Lowerable:
 def step_rows(c, name: str) -> int:
     """Rows of one optimizer step of ``name`` as the trainer builds it."""
     if name == "extractor":
-        return c.extractor.buffer_size
+        return c.extractor.buffer.batch_size
     episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
     sft = episodes // 2 if (c.experience.enabled and c.actor.self_distill_coef > 0) else 0
     return (episodes + sft) // c.actor.updates_per_batch
@@ -534,14 +534,16 @@ def decode_fn(c, args, role: RoleSetup) -> Lowerable:
     import jax
 
     from comprl_jax.models import decoder
-    from comprl_jax.roles import role as roles
     from comprl_jax.runtime import sharding as shd
 
     decode_lib = importlib.import_module("comprl_jax.sampling.decode")  # the package re-exports decode()
 
     mesh, params = sampler_layout(role)
     rows = sampler_rows(c, args, role, mesh)
-    sp = roles.sampling_params(role.section.sampling)
+    from comprl_jax.runtime.fields import from_section
+    from comprl_jax.sampling import SamplingParams
+
+    sp = from_section(SamplingParams, role.section.sampling, f"{role.name}.sampling")
     sh = shd.named_sharding(mesh, ("batch",))
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), rows))  # per-row keys (key_ids)
     a = (

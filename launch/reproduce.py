@@ -689,7 +689,7 @@ def step_flops(c, scale: str, tasks_per_step: int = 0, first_step: bool = False)
       retrieved (one per guided episode) + search & ask calls (the buffer pops them 64 at a time).
 
     ``first_step``: step 0 of a run as measured (empty bank: no experience block, no merge; the extractor
-    updates only if one step's samples fill ``extractor.buffer_size``). Otherwise a step of the run on average.
+    updates only if one step's samples fill ``extractor.buffer.batch_size``). Otherwise a step of the run on average.
     """
     t = ASSUMED["tokens"]
     tasks = tasks_per_step or c.rollout.tasks_per_step
@@ -734,7 +734,7 @@ def step_flops(c, scale: str, tasks_per_step: int = 0, first_step: bool = False)
                 merge_tokens = t["extractor_instructions"] + c.bank.merge_chunk * t["merge_entry"] + gen_e
                 out["distillation"] += fwd_flops(ext, merge_calls * merge_tokens, merge_tokens)
         out["distillation"] += fwd_flops(ext, ask_calls * ask_tokens, ask_tokens)
-        if c.extractor.train and not (first_step and guided + ask_calls < c.extractor.buffer_size):
+        if c.extractor.train and not (first_step and guided + ask_calls < c.extractor.buffer.batch_size):
             mean_call = sum(n * k for n, k in distill_tokens) / max(sum(n for n, _ in distill_tokens), 1)
             samples = guided + ask_calls
             S = _bucket(int(math.ceil(mean_call)), c.extractor.max_context)

@@ -44,7 +44,7 @@ def test_eq6_scores_by_hand():
 
 
 def test_diversify_rerank_and_dropout_paths():
-    cfg = RetrievalConfig(top_k=2, num_candidates=16, dropout=0.5)
+    cfg = RetrievalConfig(k=2, candidates=16, dropout=0.5)
     # Candidate 0 retrieved 10 times, recently: -1 - 0.4*ln(11) - 1 = -2.959; cand 1: -2; cand 2: -3.
     retr, last = [10, 0, 0], [950.0, None, None]
     rng = ScriptedRng([])
@@ -350,17 +350,17 @@ def test_configs_from_dict_validates_keys():
     kw = configs_from_dict(
         {
             "bank": {"capacity": 7, "index": {"scann_min_size": 9}},
-            "retrieval": {"top_k": 2},
-            "manager": {"batch": 4},
+            "retrieval": {"k": 2},
+            "manager": {"query_batch": 4},
         }
     )
     assert kw["bank_cfg"].capacity == 7 and kw["bank_cfg"].index.scann_min_size == 9
-    assert kw["retrieval_cfg"].top_k == 2 and kw["cfg"].batch == 4
+    assert kw["retrieval_cfg"].k == 2 and kw["cfg"].query_batch == 4
     with pytest.raises(ValueError, match=r"bank\.index\.leaves"):
         configs_from_dict({"bank": {"index": {"leaves": 3}}})
     with pytest.raises(ValueError, match=r"retrieval\.lambda"):
         configs_from_dict({"retrieval": {"lambda": 0.4}})
-    with pytest.raises(ValueError, match="bank.key must be"):
+    with pytest.raises(ValueError, match=r"config key bank\.key: must be one of"):
         configs_from_dict({"bank": {"key": "title"}})
 
 

@@ -146,7 +146,7 @@ def _merger(prompts):
 
 @pytest.mark.slow
 @settings(max_examples=1500, **FAST)
-@given(st.lists(_action, max_size=8), st.sampled_from([None, 0.95]))
+@given(st.lists(_action, max_size=8), st.sampled_from([0.0, 0.95]))
 def test_random_op_sequences_keep_invariants(actions, dedup):
     clock = FakeClock()
     m = ExperienceManager(
@@ -157,7 +157,7 @@ def test_random_op_sequences_keep_invariants(actions, dedup):
         bank_cfg=BankConfig(
             capacity=6, dedup_threshold=dedup, max_entry_chars=60, index=IndexConfig(scann_min_size=10**9)
         ),
-        retrieval_cfg=RetrievalConfig(top_k=2, num_candidates=4),
+        retrieval_cfg=RetrievalConfig(k=2, candidates=4),
     )
     from comprl_jax.experience import BufferConfig
 

@@ -75,7 +75,7 @@ def test_concurrent_readers_writers_and_merges():
             capacity=400, index=IndexConfig(scann_min_size=150, rebuild_fraction=0.2, background=True)
         ),
         buffer_cfg=BufferConfig(batch_size=16),
-        retrieval_cfg=RetrievalConfig(top_k=2),
+        retrieval_cfg=RetrievalConfig(k=2),
     )
     stop = threading.Event()
     errors, submitted, searches = [], [0] * 8, [0] * 8
@@ -163,7 +163,7 @@ def _make(clock):
         clock=clock,
         bank_cfg=BankConfig(index=IndexConfig(scann_min_size=300, background=False)),
         buffer_cfg=BufferConfig(batch_size=8),
-        retrieval_cfg=RetrievalConfig(top_k=2),
+        retrieval_cfg=RetrievalConfig(k=2),
     )
 
 
@@ -241,12 +241,12 @@ def test_load_rejects_mismatched_config_and_restore_takes_saved_ones(tmp_path):
         DIM,
         bank_cfg=m.bank.cfg,
         buffer_cfg=m.buffer.cfg,
-        retrieval_cfg=RetrievalConfig(top_k=3),
+        retrieval_cfg=RetrievalConfig(k=3),
     )
-    with pytest.raises(ValueError, match=r"retrieval config differs .*top_k"):
+    with pytest.raises(ValueError, match=r"retrieval config differs .*\['k'\]"):
         other.load(str(tmp_path / "s"))
     r = ExperienceManager.restore(str(tmp_path / "s"), hash_embed)
-    assert r.retrieval_cfg.top_k == 2 and r.bank.cfg.index.scann_min_size == 300 and len(r.bank.entries) == 1
+    assert r.retrieval_cfg.k == 2 and r.bank.cfg.index.scann_min_size == 300 and len(r.bank.entries) == 1
     with pytest.raises(FileNotFoundError, match="missing meta.json"):
         r.load(str(tmp_path / "nope"))
 

@@ -87,7 +87,7 @@ def test_verbosity_adds_the_traceback(tmp_path):
     )
     assert rc == 2
     assert err[0] == "Traceback (most recent call last):"
-    assert err[-2] == "error: config key actor.loss.clip_eps: must be in (0, 1)"
+    assert err[-2] == "error: config key actor.loss.clip_eps: must be in (0, 1), got 3.0"
 
 
 def test_workdir_that_is_a_file(tmp_path):

@@ -4,6 +4,7 @@ get an importance weight != 1), actor mini-batch steps, Eq. 7 with recency and t
 search & ask, self-distillation and actor-critic arithmetic, a shared multi-task bank, and every config key read."""
 
 import ast
+import dataclasses
 import math
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 from test_experience_helpers import DIM, FakeClock, add, answer, hash_embed, mem
 
 from comprl_jax import config as config_lib
+from comprl_jax.config.run import RunConfig
 from comprl_jax.envs import registry
 from comprl_jax.experience import BankConfig, BufferConfig, ExperienceManager, IndexConfig, RetrievalConfig
 from comprl_jax.experience.buffer import ExtractorBatch
@@ -191,10 +193,7 @@ def _role(tiny, name, loss, rows, lr):
     from comprl_jax.roles import role as roles
 
     tok, c = tiny
-    section = c[name].copy_and_resolve_references()
-    with section.unlocked():
-        section.lr = lr
-        section.micro_batch = 1
+    section = dataclasses.replace(getattr(RunConfig.of(c), name), lr=lr, micro_batch=1)
     return roles.build_role(load_model("tiny", role=name, tokenizer=tok, seed=3), name, section, loss, rows)
 
 
@@ -298,13 +297,12 @@ def test_one_step_shortcut_only_takes_samples_of_the_current_weights(tiny):
 def _generating_track(c, sampler, tok, version: int):
     """An ExtractorTrack with only what ``generate`` reads (no manager, no pools, unconstrained)."""
     from comprl_jax.loop.extractor_track import ExtractorTrack
-    from comprl_jax.roles.role import sampling_params
 
     track = ExtractorTrack.__new__(ExtractorTrack)
-    track.c, track.sampler, track.tokenizer = c, sampler, tok
+    track.cfg, track.sampler, track.tokenizer = RunConfig.of(c).extractor, sampler, tok
     track.version = track.sampler_version = version
     track._constraint = None
-    track.sp = sampling_params(c.extractor.sampling)
+    track.sp = track.cfg.sampling
     return track
 
 
@@ -584,7 +582,7 @@ def test_shared_bank_merges_across_tasks_and_round_trips(tmp_path):
 
 
 def test_recency_window_counts_rollout_steps():
-    cfg = RetrievalConfig(top_k=1, num_candidates=2, lam=0.4, window=1, dropout=0.0)
+    cfg = RetrievalConfig(k=1, candidates=2, lam=0.4, clock="step", window_steps=1, dropout=0.0)
     # Step clock: a candidate retrieved earlier in this step (t = 5) is recent, one from the last step is not.
     # Eq. 6: recent -1 - 0.4 ln 2 - 1 = -2.28 < -2 (the second candidate); not recent: -1.28 > -2.
     assert diversify([1, 0], [5.0, None], now=5.0, cfg=cfg, rng=None) == [1]

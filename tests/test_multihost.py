@@ -25,7 +25,7 @@ OVER = {
     "rollout.group_size": 4,
     "actor.micro_batch": 8,
     "extractor.micro_batch": 8,
-    "extractor.buffer_size": 8,
+    "extractor.buffer.batch_size": 8,
     "train.steps": 3,
 }
 

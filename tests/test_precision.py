@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from comprl_jax import config as config_lib
+from comprl_jax.config.run import RunConfig
 from comprl_jax.models import ModelConfig, decoder
 from comprl_jax.rl.losses import token_logprobs
 
@@ -89,10 +90,7 @@ def test_logprob_mismatch_of_bfloat16_sampling_against_the_bfloat16_trainer(tiny
     from comprl_jax.sampling import SamplingParams
 
     tok, c = tiny
-    section = c.actor.copy_and_resolve_references()
-    with section.unlocked():
-        section.micro_batch = 1
-        section.dtype = dtype
+    section = dataclasses.replace(RunConfig.of(c).actor, micro_batch=1, dtype=dtype)
     model = load_model("tiny", role="actor", tokenizer=tok, seed=3, dtype=dtype)
     assert model.cfg.dtype == dtype and model.cfg.param_dtype == "float32"
     role = roles.build_role(model, "actor", section, ActorLossConfig(), rows=4)

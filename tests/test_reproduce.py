@@ -137,7 +137,10 @@ def test_every_command_builds_a_valid_config(dry_run):
         assert c.seed == r["seed"]
         episodes = c.rollout.tasks_per_step * c.rollout.group_size * len(c.env.tasks)
         assert c.rollout.rows_per_wave == 0 or episodes % c.rollout.rows_per_wave == 0
-        assert episodes % c.actor.micro_batch == 0 and c.extractor.buffer_size % c.extractor.micro_batch == 0
+        assert (
+            episodes % c.actor.micro_batch == 0
+            and c.extractor.buffer.batch_size % c.extractor.micro_batch == 0
+        )
         if c.experience.enabled:
             assert c.extractor.model.startswith("/models/")
 

@@ -207,7 +207,7 @@ def test_run_config_loss_sub_dicts_build_the_loss_dataclasses():
             config_lib.validate(c)
         c.extractor.loss.loss_agg = "token_mean"
         c.actor.loss.eps = 0.1
-        with pytest.raises(ValueError, match=r"config key actor.loss: unknown field\(s\) \['eps'\]"):
+        with pytest.raises(ValueError, match=r"config key actor.loss.eps: unknown"):
             config_lib.validate(c)
 
 

@@ -138,9 +138,8 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     is an update, the actor takes updates_per_batch optimizer steps per batch, actor-critic judges entries,
     self-distillation rows are built, held-out eval runs every train.eval_every steps, rows every log_every.
     Issue 28.2: the run reads every config key but those NOT_READ_BY_A_TINY_RUN names (with why)."""
-    from trainer_helpers import NOT_READ_BY_A_TINY_RUN, record_config_reads, record_field_reads, unread_keys
+    from trainer_helpers import NOT_READ_BY_A_TINY_RUN, record_config_reads, unread_keys
 
-    from comprl_jax.experience import BankConfig, BufferConfig, ManagerConfig, RetrievalConfig
     from comprl_jax.loop import run as run_lib
 
     over = {
@@ -149,23 +148,19 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
         "actor.updates_per_batch": 2,
         "actor.self_distill_coef": 0.5,
         "actor.actor_critic": True,
-        "extractor.cooldown": 10,  # a sample trained in the last 10 trainer steps gets weight 0 ...
+        "extractor.buffer.cooldown": 10,  # a sample trained in the last 10 trainer steps gets weight 0 ...
         "bank.merge_every": 100,  # ... and without merges (which make new entries) entries are re-trained
         "train.eval_every": 2,
         "train.log_every": 3,
     }
     c = load_config("minihack_room", "tiny", **over)
     reads = record_config_reads(c, monkeypatch)
-    field_reads, given = record_field_reads(
-        (ManagerConfig, RetrievalConfig, BufferConfig, BankConfig), monkeypatch
-    )
     out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 4
-    assert unread_keys(c, reads) == sorted(NOT_READ_BY_A_TINY_RUN)
-    # ... and the components built from them consult every field they were given: a key copied into a field only
-    # an unbuilt class reads fails here (manager.t_max_ms -> ManagerConfig.t_max_s did, before issue 28)
-    # (this run merges nothing: bank.merge_every=100 keeps entries alive for the cooldown)
-    assert "ManagerConfig.workers" in given and sorted(given - field_reads) == ["ManagerConfig.merge_chunk"]
+    # Each section reaches the components as its dataclass; a key counts as read where a component consults the
+    # field, so a key only an unbuilt class reads fails here (manager.t_max_ms did, before issue 28). This run
+    # merges nothing (bank.merge_every=100 keeps entries alive for the cooldown): bank.merge_chunk is unread.
+    assert unread_keys(c, reads) == sorted({**NOT_READ_BY_A_TINY_RUN, "bank.merge_chunk": ""})
     rows = _read(tmp_path / "metrics.jsonl")
     # log_every 3: steps 0 and 3 (the last); step 1 too, because it carries the eval of eval_every=2.
     assert [r["step"] for r in rows] == [0, 1, 3]
@@ -173,7 +168,9 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     assert sum(r.get("search_ask/calls_per_episode", 0) for r in rows) > 0
     # The cooldown fired (at step 2, a row log_every leaves out: the bank's counter is cumulative)
     assert rows[-1]["bank/zero_weight_samples"] > 0
-    assert all(r["bank/extractor_buffer"] < c.extractor.buffer_size for r in rows)  # every full batch popped
+    assert all(
+        r["bank/extractor_buffer"] < c.extractor.buffer.batch_size for r in rows
+    )  # every full batch popped
     assert rows[-1]["actor/step"] == 2 * 4  # two optimizer steps per rollout batch
     assert all(r["actor/logprob_mismatch"] < 1e-4 for r in rows)
     # the sampler's weight copy is refreshed after every update and timed (sampling.layout)

@@ -14,7 +14,7 @@ MINI = {
     "env.workers": 1,
     "train.steps": 2,
     "train.eval_tasks": 1,
-    "extractor.buffer_size": 2,
+    "extractor.buffer.batch_size": 2,
     "actor.micro_batch": 1,
     "extractor.micro_batch": 1,
     "checkpoint.every": 1,
@@ -79,53 +79,88 @@ NOT_READ_BY_A_TINY_RUN = {
 
 
 def record_config_reads(config, monkeypatch) -> set[str]:
-    """The dotted keys of ``config`` read from now on (the returned set fills as the run reads them): every
-    ``ConfigDict`` item access on ``config``, its sub-dicts and their ``copy_and_resolve_references`` copies;
-    ``to_dict`` of a sub-dict reads its keys, of the whole config (printing it) none."""
-    import ml_collections
+    """The dotted keys of the run config read from now on (the returned set fills as the run reads them).
 
+    The trainer opens the ``ConfigDict`` once, as a typed ``RunConfig`` (issue 29); a key counts as read when the
+    run consults its field on a section dataclass of that RunConfig (or a ``dataclasses.replace`` copy of one):
+    not the dataclasses' own ``__init__`` / ``__post_init__`` checks, ``__eq__`` / ``__hash__`` / ``__repr__``,
+    or ``asdict`` (persistence)."""
+    import dataclasses
+    import typing
+
+    from comprl_jax.config.run import SECTIONS, RunConfig
+
+    del config  # (the run builds its own RunConfig from it; its sections are registered as they are built)
     paths: dict[int, str] = {}
+    alive: list = []  # registered instances stay alive, so their ids are not reused
     reads: set[str] = set()
     quiet = [0]
 
-    def register(cd, prefix):
-        paths[id(cd)] = prefix
-        for k, v in cd._fields.items():
-            if isinstance(v, ml_collections.ConfigDict):
-                register(v, f"{prefix}{k}.")
+    def register(obj, prefix):
+        paths[id(obj)] = prefix
+        alive.append(obj)
+        for f in dataclasses.fields(obj):
+            v = object.__getattribute__(obj, f.name)
+            if dataclasses.is_dataclass(v) and not isinstance(v, type):
+                register(v, f"{prefix}{f.name}.")
 
-    register(config, "")
-    get, copy, to_dict = (
-        ml_collections.ConfigDict.__getitem__,
-        ml_collections.ConfigDict.copy_and_resolve_references,
-        ml_collections.ConfigDict.to_dict,
-    )
+    classes: set[type] = set()
 
-    def getitem(self, key):
-        if not quiet[0] and id(self) in paths:
-            reads.add(paths[id(self)] + key)
-        return get(self, key)
+    def collect(cls):
+        classes.add(cls)
+        for t in typing.get_type_hints(cls).values():
+            if isinstance(t, type) and dataclasses.is_dataclass(t):
+                collect(t)
 
-    def copied(self, *a, **k):
-        quiet[0] += 1
-        try:
-            out = copy(self, *a, **k)
-        finally:
-            quiet[0] -= 1
-        if id(self) in paths:
-            register(out, paths[id(self)])
+    for cls in SECTIONS.values():
+        collect(cls)
+    of = RunConfig.__dict__["of"].__func__
+
+    def of_recorded(cls, c):
+        rc = of(cls, c)
+        for name in SECTIONS:
+            register(object.__getattribute__(rc, name), f"{name}.")
+        paths[id(rc)] = ""
+        alive.append(rc)
+        return rc
+
+    monkeypatch.setattr(RunConfig, "of", classmethod(of_recorded))
+    classes.add(RunConfig)
+
+    def quietly(fn):
+        def wrapped(*a, **k):
+            quiet[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                quiet[0] -= 1
+
+        return wrapped
+
+    for cls in classes:
+        names = frozenset(f.name for f in dataclasses.fields(cls))
+
+        def getattribute(self, name, _names=names):
+            value = object.__getattribute__(self, name)
+            if not quiet[0] and name in _names and id(self) in paths:
+                if not (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+                    reads.add(paths[id(self)] + name)
+            return value
+
+        monkeypatch.setattr(cls, "__getattribute__", getattribute)
+        for dunder in ("__init__", "__eq__", "__hash__", "__repr__"):
+            if dunder in cls.__dict__ and cls.__dict__[dunder] is not None:
+                monkeypatch.setattr(cls, dunder, quietly(cls.__dict__[dunder]))
+    replace = dataclasses.replace
+
+    def replace_recorded(obj, /, **changes):
+        out = quietly(replace)(obj, **changes)
+        if id(obj) in paths:
+            register(out, paths[id(obj)])
         return out
 
-    def as_dict(self, *a, **k):
-        quiet[0] += paths.get(id(self)) == ""  # the whole config: a print, not a read
-        try:
-            return to_dict(self, *a, **k)
-        finally:
-            quiet[0] -= paths.get(id(self)) == ""
-
-    monkeypatch.setattr(ml_collections.ConfigDict, "__getitem__", getitem)
-    monkeypatch.setattr(ml_collections.ConfigDict, "copy_and_resolve_references", copied)
-    monkeypatch.setattr(ml_collections.ConfigDict, "to_dict", as_dict)
+    monkeypatch.setattr(dataclasses, "replace", replace_recorded)
+    monkeypatch.setattr(dataclasses, "asdict", quietly(dataclasses.asdict))
     return reads
 
 
@@ -134,43 +169,3 @@ def unread_keys(config, reads: set[str]) -> list[str]:
 
     keys = flatten(config_tree(config))
     return sorted(k for k in keys if k not in reads and not any(r.startswith(k + ".") for r in reads))
-
-
-def record_field_reads(classes, monkeypatch) -> tuple[set[str], set[str]]:
-    """``(read, given)``: ``"Class.field"`` for every dataclass field of ``classes`` read from now on, outside
-    ``dataclasses``'s own helpers (``asdict`` for persistence, ``__eq__``/``__repr__``), and for every field passed
-    explicitly to a constructor: what the run hands the components it builds, and what they actually consult."""
-    import dataclasses
-
-    reads: set[str] = set()
-    given: set[str] = set()
-    quiet = [0]
-    for cls in classes:
-        names = [f.name for f in dataclasses.fields(cls)]
-
-        def getattribute(self, name, _names=frozenset(names), _cls=cls):
-            if name in _names and not quiet[0]:
-                reads.add(f"{_cls.__name__}.{name}")
-            return object.__getattribute__(self, name)
-
-        def init(self, *args, _init=cls.__init__, _names=names, _cls=cls, **kwargs):
-            given.update(f"{_cls.__name__}.{n}" for n in [*_names[: len(args)], *kwargs])
-            quiet[0] += 1  # the dataclass's own __init__ / __post_init__ checks are not uses
-            try:
-                _init(self, *args, **kwargs)
-            finally:
-                quiet[0] -= 1
-
-        monkeypatch.setattr(cls, "__getattribute__", getattribute)
-        monkeypatch.setattr(cls, "__init__", init)
-    asdict = dataclasses.asdict
-
-    def quiet_asdict(obj, *a, **k):
-        quiet[0] += 1
-        try:
-            return asdict(obj, *a, **k)
-        finally:
-            quiet[0] -= 1
-
-    monkeypatch.setattr(dataclasses, "asdict", quiet_asdict)
-    return reads, given

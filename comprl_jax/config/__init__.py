@@ -7,12 +7,13 @@ constrained decoding, small batches), ``"cpu"`` (tiny, sized to learn on 2 cores
 ``--config.actor.lr`` fails at parse time, and :func:`validate` names any bad value.
 
 Modules: ``schema`` (every key, its default and comment), ``methods`` (:data:`METHOD_FLAGS`), ``scales``
-(variants and the paper's task mixtures), ``validation``, ``upgrade`` (saved configs of older runs), ``variants``
+(variants and the paper's task mixtures), ``validation`` and ``run`` (:class:`RunConfig`: the typed sections), ``upgrade`` (saved configs of older runs), ``variants``
 (the ``--config`` syntax and :func:`build`), ``keys`` (the one dotted-key walker).
 """
 
 from comprl_jax.config.keys import set_key
 from comprl_jax.config.methods import METHOD_FLAGS, METHODS, apply_method
+from comprl_jax.config.run import RunConfig
 from comprl_jax.config.scales import (
     MIXTURE_STEPS,
     SCALES,
@@ -25,29 +26,17 @@ from comprl_jax.config.scales import (
 )
 from comprl_jax.config.schema import base_config
 from comprl_jax.config.upgrade import ADDED_KEYS, REMOVED_KEYS, RENAMED_KEYS, upgrade_saved
-from comprl_jax.config.validation import (
-    BANK_KEYS,
-    DISTILL_FROM,
-    DISTILL_OVERLAPS,
-    DTYPES,
-    PLACEMENTS,
-    finalize,
-    validate,
-)
+from comprl_jax.config.validation import finalize, validate
 from comprl_jax.config.variants import build, load_file, parse_variant
 
 __all__ = [
     "ADDED_KEYS",
-    "BANK_KEYS",
-    "DISTILL_FROM",
-    "DISTILL_OVERLAPS",
-    "DTYPES",
     "METHODS",
     "METHOD_FLAGS",
     "MIXTURE_STEPS",
-    "PLACEMENTS",
     "REMOVED_KEYS",
     "RENAMED_KEYS",
+    "RunConfig",
     "SCALES",
     "SINGLE_TASK_STEPS",
     "TASKS1",

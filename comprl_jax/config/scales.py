@@ -79,12 +79,12 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         ):  # short sequences: the plain path is faster and memory is no issue
             role.remat = False
             role.logits_chunk = 0
-        c.extractor.buffer_size = 8
+        c.extractor.buffer.batch_size = 8
         c.rollout.tasks_per_step = 4
         c.rollout.group_size = 4
         c.rollout.max_context = 2048
         c.extractor.max_context = 2048
-        c.extractor.max_entry_chars = 200
+        c.bank.max_entry_chars = 200
         c.extractor.transcript_chars = 600
         # caps every env: ~80 tokens per turn with the tiny vocabulary
         c.env.max_turns = min(c.env.max_turns, 10)
@@ -130,7 +130,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
         # 32 distillation prompts of ~4k tokens at once are a 6.4 GB float32 cache, beside the actor update that
         # the distillation overlaps (issue 19: 19.0 GB peak at 4 tasks x 8 x 10 turns on CPU); 8 rows: 1.6 GB.
         c.extractor.rows_per_call = 8
-        c.extractor.buffer_size = 64
+        c.extractor.buffer.batch_size = 64
         # XLA's buffer plan of the actor update at 32 rows x 4,096 tokens (issue 19, launch/bench/update_memory.py):
         # micro-batches of 8 with the head scored 2,048 positions at a time need 13.5 GB of temporaries (23.4 GB
         # peak RSS at 4 tasks x 8 x 10 turns); 4 rows and 512 positions need 4.4 GB. Same values either way.

@@ -114,16 +114,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.lr = 1e-6
     c.extractor.weight_decay = 0.0
     c.extractor.grad_clip = 1.0
-    # The CISPO loss (SPEC §3), built as rl.losses.ExtractorLossConfig(**c.extractor.loss).
+    # The CISPO loss (SPEC §3), built as rl.losses.ExtractorLossConfig from c.extractor.loss.
     c.extractor.loss = ml_collections.ConfigDict()
     c.extractor.loss.clip_eps = 0.1  # epsilon of the stop-gradient IS-weight clip clip(rho, 1 - eps, 1 + eps)
     c.extractor.loss.loss_agg = "token_mean"  # or "seq_mean_token_mean"
-    c.extractor.buffer_size = 64
+    # The extractor's training buffer (SPEC §3, Eq. 7), built as experience.BufferConfig(**c.extractor.buffer).
+    c.extractor.buffer = ml_collections.ConfigDict()
+    c.extractor.buffer.batch_size = 64  # samples per extractor update
     # Eq. 7 delta, in trainer steps (1 = never twice in one step; the released code's)
-    c.extractor.cooldown = 1
-    c.extractor.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
+    c.extractor.buffer.cooldown = 1
+    c.extractor.buffer.alpha = 0.5  # Eq. 7 count discount (1 + c_train)^-alpha
     # Eq. 7 recency factor 1 - exp(-(t - t_last)/tau), in trainer steps; 0 = off.
-    c.extractor.recency_tau = 2.0
+    c.extractor.buffer.recency_tau = 2.0
     c.extractor.distill_from = "all"
     # What a step's distillation overlaps. "rollout": producer-consumer (SPEC §6; the release distils in its memory
     # manager's background): step s's distillation generates during step s+1's rollout and its ops reach the bank
@@ -138,7 +140,6 @@ def base_config() -> ml_collections.ConfigDict:
     # call's KV cache is rows x (prompt + max_new_tokens) slots, so this bounds the extractor's generation memory
     # (launch/plan_memory.py: "distillation rows at once").
     c.extractor.rows_per_call = 0
-    c.extractor.max_entry_chars = 2000
     c.extractor.transcript_chars = 60000  # trajectory text shown to the extractor (the end is kept)
     c.extractor.sampling = sampling(1.0, 0.99, 0, 8192)
     c.extractor.constrained = False
@@ -154,6 +155,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.bank.capacity = 20000
     c.bank.key = "content"
     c.bank.dedup_threshold = 0.0  # 0 = off
+    c.bank.max_entry_chars = 2000  # an entry's text is cut to this
     c.bank.merge_every = 5
     c.bank.merge_chunk = 5
     c.bank.merge = True

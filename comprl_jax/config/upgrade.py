@@ -20,6 +20,12 @@ RENAMED_KEYS = {
     "actor.subgroup_mean": "actor.loss.subgroup_mean",
     "extractor.cispo_eps": "extractor.loss.clip_eps",
     "extractor.loss_agg": "extractor.loss.loss_agg",
+    # issue 29: each config section is its dataclass's arguments
+    "extractor.buffer_size": "extractor.buffer.batch_size",
+    "extractor.cooldown": "extractor.buffer.cooldown",
+    "extractor.alpha": "extractor.buffer.alpha",
+    "extractor.recency_tau": "extractor.buffer.recency_tau",
+    "extractor.max_entry_chars": "bank.max_entry_chars",
 }
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from comprl_jax.experience.index import IndexConfig, PartitionIndex
 from comprl_jax.experience.ops import Op
+from comprl_jax.runtime.fields import check
 
 PARTITIONS = ("task", "shared")
 SHARED = "<shared>"  # the one partition of a shared bank
@@ -49,26 +50,60 @@ class Entry:
     tokens: dict | None = None  # the sample's ids + behaviour logprobs (experience.sample.Generation.record)
 
 
+BANK_KEYS = ("content", "query")
+
+
 @dataclasses.dataclass(frozen=True)
 class BankConfig:
-    capacity: int = 20_000  # FIFO, whole bank
-    dedup_threshold: float | None = None  # cosine >= threshold with a live entry of the partition -> rejected
+    """Config section ``bank`` (SPEC §4-5, §8).
+
+    Attributes:
+      capacity: entries at most, FIFO over the whole bank.
+      key: what an entry is embedded by: ``"content"`` (paper) | ``"query"`` (the released code: the episode's query).
+      dedup_threshold: an op whose cosine with a live entry of its partition is >= this is rejected (0 = off).
+      max_entry_chars: an entry's text is cut to this.
+      merge / merge_every / merge_chunk: the periodic merge (every ``merge_every`` trainer steps, ``merge_chunk``
+        entries per extractor call).
+      partition: ``"shared"``: one bank for every task of a mixture (the paper's: experience transfers; entries still
+        record their task); ``"task"``: one partition per task id, search and merge inside it.
+      offline / offline_build_steps / offline_dedup: Offline Exp. (SPEC §8): rollout rounds of the frozen actor and
+        extractor build the bank before step 0, merged once, then deduplicated (key cosine >= offline_dedup with an
+        older entry of its partition; 0 = no pass; 0.95 is ours, the paper gives none) and fixed.
+      index: the vector index (not a config key: the trainer picks it).
+    """
+
+    capacity: int = 20_000
+    key: str = "content"
+    dedup_threshold: float = 0.0
     max_entry_chars: int = 2_000
-    key: str = "content"  # "content" (paper) | "query" (released code)
-    index: IndexConfig = IndexConfig()
-    # "task": one partition per task id (search and merge inside it); "shared": one partition for every task (the
-    # paper's multi-task bank: experience transfers across tasks; each entry still records its task id).
+    merge: bool = True
+    merge_every: int = 5
+    merge_chunk: int = 5
     partition: str = "task"
+    offline: bool = False
+    offline_build_steps: int = 5
+    offline_dedup: float = 0.95
+    index: IndexConfig = IndexConfig()
 
     def __post_init__(self):
-        if self.capacity <= 0:
-            raise ValueError(f"bank.capacity must be positive, got {self.capacity}")
-        if self.key not in ("content", "query"):
-            raise ValueError(f"bank.key must be 'content' or 'query', got {self.key!r}")
-        if self.partition not in PARTITIONS:
-            raise ValueError(f"bank.partition must be one of {PARTITIONS}, got {self.partition!r}")
-        if self.dedup_threshold is not None and not -1.0 <= self.dedup_threshold <= 1.0:
-            raise ValueError(f"bank.dedup_threshold must be in [-1, 1], got {self.dedup_threshold}")
+        check(self.capacity >= 1, "capacity", "must be >= 1", self.capacity)
+        check(self.key in BANK_KEYS, "key", f"must be one of {BANK_KEYS}", self.key)
+        check(self.partition in PARTITIONS, "partition", f"must be one of {PARTITIONS}", self.partition)
+        check(
+            0.0 <= self.dedup_threshold <= 1.0,
+            "dedup_threshold",
+            "must be in [0, 1] (0 = off)",
+            self.dedup_threshold,
+        )
+        check(self.merge_every >= 1, "merge_every", "must be >= 1", self.merge_every)
+        check(self.merge_chunk >= 1, "merge_chunk", "must be >= 1", self.merge_chunk)
+        check(self.offline_build_steps >= 1, "offline_build_steps", "must be >= 1", self.offline_build_steps)
+        check(
+            0.0 <= self.offline_dedup <= 1.0,
+            "offline_dedup",
+            "must be in [0, 1] (0 = no pass)",
+            self.offline_dedup,
+        )
 
 
 class RWLock:
@@ -299,7 +334,7 @@ class ExperienceBank:
                 ):
                     rejected["stale_target"] += 1
                     continue
-            elif self.cfg.dedup_threshold is not None:
+            elif self.cfg.dedup_threshold:
                 v = np.asarray(vec, np.float32)
                 best = -np.inf
                 if self.part(task_id) in self.indexes:

@@ -34,6 +34,8 @@ import dataclasses
 
 import numpy as np
 
+from comprl_jax.runtime.fields import check
+
 
 @dataclasses.dataclass
 class Sample:
@@ -53,10 +55,25 @@ class Sample:
 
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
+    """Config section ``extractor.buffer``: the extractor's training buffer (SPEC §3, Eq. 7).
+
+    Attributes:
+      batch_size: samples per extractor update (the buffer pops a batch when it holds this many).
+      cooldown: Eq. 7 delta, in trainer steps (1 = never twice in one step; the released code's).
+      alpha: Eq. 7 count discount ``(1 + c_train)^-alpha``.
+      recency_tau: Eq. 7 recency factor ``1 - exp(-(t - t_last)/tau)``, in trainer steps (0 = off).
+    """
+
     batch_size: int = 64
-    cooldown: int = 1  # delta of Eq. 7, in trainer steps
+    cooldown: int = 1
     alpha: float = 0.5
-    recency_tau: float = 2.0  # recency factor of Eq. 7, in trainer steps (0 = count factor only)
+    recency_tau: float = 2.0
+
+    def __post_init__(self):
+        check(self.batch_size >= 1, "batch_size", "must be >= 1", self.batch_size)
+        check(self.cooldown >= 0, "cooldown", "must be >= 0 (trainer steps)", self.cooldown)
+        check(self.alpha >= 0, "alpha", "must be >= 0", self.alpha)
+        check(self.recency_tau >= 0, "recency_tau", "must be >= 0 (0 = no recency factor)", self.recency_tau)
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ from comprl_jax.experience.buffer import BufferConfig, ExtractorBatch, Extractor
 from comprl_jax.experience.ops import distill_prompt, parse_ops, parse_refine, refine_prompt
 from comprl_jax.experience.retrieval import EmbedCache, RetrievalConfig, diversify, format_experience
 from comprl_jax.experience.sample import Generation, record_of, text_of
+from comprl_jax.runtime.fields import check, from_section
 
 EmbedFn = Callable[[list[str]], np.ndarray]
 ExtractorFn = Callable[[list[str]], "list[str | Generation]"]
@@ -42,15 +43,28 @@ ExtractorFn = Callable[[list[str]], "list[str | Generation]"]
 
 @dataclasses.dataclass(frozen=True)
 class ManagerConfig:
-    batch: int = 16  # micro-batch flush size
-    t_max_s: float = 0.001  # micro-batch flush delay after the first query
-    workers: int = 4  # threads searching micro-batches' candidates (config manager.search_workers)
-    embed_workers: int = 1  # concurrent embedding calls (the paper's embedding workers)
-    cache_size: int = 1000  # LRU of query embeddings
-    num_previous: int = 5  # related lessons shown to the distillation call
-    distill_batch: int = 8  # episodes per extractor call in the consumer
-    merge_chunk: int = 5
-    seed: int = 0  # RNG of the Eq. 6 dropout
+    """Config section ``manager`` (SPEC §5 "ExperienceManager"): a wave's queries are embedded in one call
+    (``embed_workers`` concurrent embedding calls at most) and their candidates searched in micro-batches of
+    ``query_batch`` on ``search_workers`` threads.
+
+    Attributes (not config keys): ``t_max_s`` the threaded serving manager's micro-batch wait (the paper's 1 ms;
+    training searches a whole wave at once), ``cache_size`` the LRU of query embeddings, ``num_previous`` related
+    lessons shown to a distillation call, ``distill_batch`` episodes per extractor call, ``seed`` the Eq. 6 dropout's.
+    """
+
+    query_batch: int = 16
+    search_workers: int = 4
+    embed_workers: int = 1
+    t_max_s: float = 0.001
+    cache_size: int = 1000
+    num_previous: int = 5
+    distill_batch: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        check(self.query_batch >= 1, "query_batch", "must be >= 1", self.query_batch)
+        check(self.search_workers >= 1, "search_workers", "must be >= 1", self.search_workers)
+        check(self.embed_workers >= 1, "embed_workers", "must be >= 1", self.embed_workers)
 
 
 @dataclasses.dataclass
@@ -99,7 +113,7 @@ class ExperienceManager:
         self.num_refines = 0
         self.errors: list[str] = []
         self._search_pool: cf.ThreadPoolExecutor | None = (
-            None  # cfg.workers index-search threads, made on use
+            None  # cfg.search_workers index-search threads, made on use
         )
 
     @classmethod
@@ -134,7 +148,7 @@ class ExperienceManager:
         self, queries: Sequence[str], task_ids: Sequence[str], record: bool = True
     ) -> list[Retrieval]:
         """The pipeline in the calling thread, deterministic and thread-safe: the queries embedded in one call
-        (through the LRU cache, in order), candidates searched in micro-batches of ``cfg.batch`` on ``cfg.workers``
+        (through the LRU cache, in order), candidates searched in micro-batches of ``cfg.query_batch`` on ``cfg.search_workers``
         threads (read-only, under the reader lock), then each micro-batch's Eq. 6 re-rank and usage stats in order.
 
         ``record=False``: a read-only search (no usage stats, no RNG draw; Eq. 6 still sees the current stats).
@@ -144,16 +158,18 @@ class ExperienceManager:
         if not queries:
             return []
         vecs = self.cache(list(queries))  # one ordered call: the cache's state never depends on thread timing
-        b = self.cfg.batch
+        b = self.cfg.query_batch
         spans = [(i, min(i + b, len(queries))) for i in range(0, len(queries), b)]
 
         def candidates(span):
             i, j = span
             return self._candidates(vecs[i:j], list(task_ids[i:j]))
 
-        if self.cfg.workers > 1 and len(spans) > 1:
+        if self.cfg.search_workers > 1 and len(spans) > 1:
             if self._search_pool is None:
-                self._search_pool = cf.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="bank-search")
+                self._search_pool = cf.ThreadPoolExecutor(
+                    self.cfg.search_workers, thread_name_prefix="bank-search"
+                )
             cands = list(self._search_pool.map(candidates, spans))
         else:
             cands = [candidates(span) for span in spans]
@@ -174,7 +190,7 @@ class ExperienceManager:
         cands: list[np.ndarray] = [np.zeros(0, np.int64)] * len(task_ids)
         with self.lock.read():
             for t, rows in by_task.items():
-                uids, _ = self.bank.search(t, vecs[rows], self.retrieval_cfg.num_candidates)
+                uids, _ = self.bank.search(t, vecs[rows], self.retrieval_cfg.candidates)
                 for r, u in zip(rows, uids, strict=True):
                     cands[r] = u
         return cands
@@ -308,7 +324,7 @@ class ExperienceManager:
         if self.extractor_fn is None:
             raise ValueError("merge needs an extractor_fn")
         stats = merge_lib.merge_bank(
-            self.bank, self.embed_keys, self.extractor_fn, step, self.cfg.merge_chunk
+            self.bank, self.embed_keys, self.extractor_fn, step, self.bank.cfg.merge_chunk
         )
         with self.lock.write():
             self.counts.update({f"merge_{k}": v for k, v in stats.items()})
@@ -440,7 +456,7 @@ class ExperienceManager:
         from comprl_jax.experience.persist import saved_configs
 
         configs, dim = saved_configs(path)
-        mgr = cls(embed_fn, dim, extractor_fn, **configs_from_dict(configs), **kwargs)
+        mgr = cls(embed_fn, dim, extractor_fn, **configs_from_dict(upgrade_configs(configs)), **kwargs)
         mgr.load(path)
         return mgr
 
@@ -487,8 +503,10 @@ class ExperienceManager:
         if state["dim"] != self.bank.dim:
             raise ValueError(f"store dim {state['dim']} != manager dim {self.bank.dim}")
         mine = json.loads(json.dumps(self.configs()))
+        saved = upgrade_configs(state["configs"])
         for name in ("bank", "retrieval", "buffer"):
-            diff = sorted(k for k in mine[name] if mine[name][k] != state["configs"][name].get(k))
+            # a field added since the store was written is not compared (its default reproduces the old store)
+            diff = sorted(k for k in mine[name] if k in saved[name] and mine[name][k] != saved[name][k])
             if diff:
                 raise ValueError(
                     f"saved {name} config differs from this manager's in {diff} "
@@ -504,38 +522,46 @@ class ExperienceManager:
             self.buffer.load_state_dict(state["buffer"])
 
 
-_SECTIONS = {
-    "bank": BankConfig,
-    "retrieval": RetrievalConfig,
-    "buffer": BufferConfig,
-    "manager": ManagerConfig,
+_SECTIONS = {  # section -> (its dataclass, ExperienceManager's keyword)
+    "bank": (BankConfig, "bank_cfg"),
+    "retrieval": (RetrievalConfig, "retrieval_cfg"),
+    "buffer": (BufferConfig, "buffer_cfg"),
+    "manager": (ManagerConfig, "cfg"),
 }
 
 
-def configs_from_dict(d: dict) -> dict:
-    """Config objects from a plain/ConfigDict mapping ``{"bank": {..., "index": {...}}, "retrieval": {...}, ...}``.
+# Fields renamed since older stores wrote their configs (issue 29: a config section is its dataclass's arguments):
+# (section, old field) -> (section, field).
+_RENAMED = {
+    ("retrieval", "top_k"): ("retrieval", "k"),
+    ("retrieval", "num_candidates"): ("retrieval", "candidates"),
+    ("manager", "batch"): ("manager", "query_batch"),
+    ("manager", "workers"): ("manager", "search_workers"),
+    ("manager", "merge_chunk"): ("bank", "merge_chunk"),
+}
 
-    Returns keyword arguments for :class:`ExperienceManager` (``bank_cfg``, ``retrieval_cfg``, ``buffer_cfg``,
-    ``cfg``). Unknown sections or keys raise ValueError naming the dotted key.
-    """
-    from comprl_jax.experience.index import IndexConfig
 
+def upgrade_configs(configs: dict) -> dict:
+    """A store's saved configs (``meta.json``) in today's field names (a copy): renamed fields moved, an unset
+    dedup threshold (``None``) as 0 (off), and ``retrieval.window`` (from before the clock was a field) dropped."""
+    out = {name: dict(section) for name, section in configs.items()}
+    for (sec, old), (new_sec, new) in _RENAMED.items():
+        if old in out.get(sec, {}):
+            out.setdefault(new_sec, {}).setdefault(new, out[sec].pop(old))
+    if out.get("bank", {}).get("dedup_threshold", 0.0) is None:
+        out["bank"]["dedup_threshold"] = 0.0
+    out.get("retrieval", {}).pop("window", None)
+    return out
+
+
+def configs_from_dict(d) -> dict:
+    """Keyword arguments for :class:`ExperienceManager` (``bank_cfg``, ``retrieval_cfg``, ``buffer_cfg``, ``cfg``)
+    from a plain/ConfigDict mapping ``{"bank": {..., "index": {...}}, "retrieval": {...}, ...}``, each section its
+    dataclass's arguments. Unknown sections or keys raise ValueError naming the dotted key."""
     out = {}
-    for section, values in dict(d).items():
+    for section in d.keys():
         if section not in _SECTIONS:
             raise ValueError(f"unknown experience config section {section!r}; known: {sorted(_SECTIONS)}")
-        cls, values = _SECTIONS[section], dict(values)
-        names = {f.name for f in dataclasses.fields(cls)}
-        for k in values:
-            if k not in names:
-                raise ValueError(f"unknown experience config key {section}.{k}; known: {sorted(names)}")
-        if section == "bank" and "index" in values and not isinstance(values["index"], IndexConfig):
-            idx = dict(values["index"])
-            known = {f.name for f in dataclasses.fields(IndexConfig)}
-            for k in idx:
-                if k not in known:
-                    raise ValueError(f"unknown experience config key bank.index.{k}; known: {sorted(known)}")
-            values["index"] = IndexConfig(**idx)
-        out[section] = cls(**values)
-    names = {"bank": "bank_cfg", "retrieval": "retrieval_cfg", "buffer": "buffer_cfg", "manager": "cfg"}
-    return {names[k]: v for k, v in out.items()}
+        cls, name = _SECTIONS[section]
+        out[name] = from_section(cls, d[section], section)
+    return out

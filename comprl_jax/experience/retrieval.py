@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from comprl_jax.experience.ops import MEMORY_RE
+from comprl_jax.runtime.fields import check
 
 EXPERIENCE_HEADER = (
     "Experience from earlier episodes (distilled automatically from past attempts at similar tasks). "
@@ -19,22 +20,71 @@ NO_EXPERIENCE = "[No experience found]"
 
 
 @dataclasses.dataclass(frozen=True)
-class RetrievalConfig:
-    top_k: int = 1  # K entries put in the prompt
-    num_candidates: int = 16  # N*K fetched from the index before the re-rank
-    lam: float = 0.4  # lambda of Eq. 6
-    # Recency window of Eq. 6 in the manager's clock units: seconds for a wall clock (paper: 300 s), rollout
-    # steps for the trainer's step clock (config retrieval.clock).
-    window: float = 300.0
-    dropout: float = 0.5  # released code: a recently retrieved top-1 goes to the end with this probability
+class ExperienceConfig:
+    """Config section ``experience``: the experience side of the loop at all.
+
+    Attributes:
+      enabled: retrieval, bank and extractor at all (False: the outcome-only baseline).
+      blank: control arm (method blank_exp): the guided half sees the experience header and filler of the same
+        token length (:func:`blank_experience`) instead of the retrieved entries.
+    """
+
+    enabled: bool = True
+    blank: bool = False
 
     def __post_init__(self):
-        if not 1 <= self.top_k <= self.num_candidates:
-            raise ValueError(
-                f"retrieval needs 1 <= top_k <= num_candidates, got {self.top_k}, {self.num_candidates}"
-            )
-        if not 0.0 <= self.dropout <= 1.0:
-            raise ValueError(f"retrieval.dropout must be in [0, 1], got {self.dropout}")
+        check(
+            self.enabled or not self.blank,
+            "blank",
+            "needs experience.enabled (it replaces retrieved experience)",
+            self.blank,
+        )
+
+
+CLOCKS = ("step", "wall")
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalConfig:
+    """Config section ``retrieval`` (SPEC §5): the Eq. 6 re-rank, the embedder and the actor's search & ask.
+
+    Attributes:
+      k: K entries put in the prompt.
+      candidates: N*K fetched from the index before the re-rank.
+      lam: lambda of Eq. 6.
+      dropout: released code: a recently retrieved top-1 goes to the end with this probability.
+      clock / window_steps / window_s: the recency clock of Eq. 6 and its window (:attr:`window`): ``"step"`` counts
+        rollout steps (deterministic: exact resume), ``"wall"`` is ``time.time()`` as in the released code (paper:
+        300 s).
+      embedder: ``"minilm"`` (CPU) or a local Qwen3-Embedding folder (the paper's; read by the trainer).
+      search_and_ask / search_and_ask_max / search_and_ask_guided_only: the actor's search & ask tool calls per
+        episode (read by the rollout, ``rollout.search_ask``).
+    """
+
+    k: int = 1
+    candidates: int = 16
+    lam: float = 0.4
+    dropout: float = 0.5
+    clock: str = "wall"
+    window_steps: int = 1
+    window_s: float = 300.0
+    embedder: str = "minilm"
+    search_and_ask: bool = True
+    search_and_ask_max: int = 2
+    search_and_ask_guided_only: bool = True
+
+    def __post_init__(self):
+        check(self.k >= 1, "k", "must be >= 1", self.k)
+        check(self.candidates >= self.k, "candidates", f"must be >= retrieval.k={self.k}", self.candidates)
+        check(0.0 <= self.dropout <= 1.0, "dropout", "must be in [0, 1]", self.dropout)
+        check(self.clock in CLOCKS, "clock", f"must be one of {CLOCKS}", self.clock)
+        check(self.window_steps >= 0, "window_steps", "must be >= 0", self.window_steps)
+        check(self.search_and_ask_max >= 0, "search_and_ask_max", "must be >= 0", self.search_and_ask_max)
+
+    @property
+    def window(self) -> float:
+        """Eq. 6's recency window in the manager's clock units (steps or seconds)."""
+        return self.window_s if self.clock == "wall" else float(self.window_steps)
 
 
 def eq6_scores(
@@ -79,7 +129,7 @@ def diversify(
     recent = t is not None and now - t < cfg.window
     if rng is not None and cfg.dropout > 0 and n > 1 and recent and rng.random() < cfg.dropout:
         order = order[1:] + [top]
-    return order[: cfg.top_k]
+    return order[: cfg.k]
 
 
 def format_entry(text: str) -> str:

@@ -33,7 +33,9 @@ class ThreadedExperienceManager(ExperienceManager):
         self._distill_q: queue.Queue = queue.Queue()
         self._distill_pending = 0
         self._distill_cv = threading.Condition()
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="exp-search")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.cfg.search_workers, thread_name_prefix="exp-search"
+        )
         for target, name in ((self._batch_loop, "exp-batcher"), (self._distill_loop, "exp-distill")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -60,7 +62,7 @@ class ThreadedExperienceManager(ExperienceManager):
         if not self._threads or not record:
             return self.search_sync(queries, task_ids, record)
         futs = []
-        b = self.cfg.batch
+        b = self.cfg.query_batch
         for i in range(0, len(queries), b):
             # One caller's queries travel as one group (<= batch) so the 1 ms flush never splits them.
             group = [
@@ -82,7 +84,7 @@ class ThreadedExperienceManager(ExperienceManager):
             batch = list(group)
             deadline = time.monotonic() + self.cfg.t_max_s
             stop = False
-            while len(batch) < self.cfg.batch:
+            while len(batch) < self.cfg.query_batch:
                 left = deadline - time.monotonic()
                 try:
                     nxt = self._search_q.get(timeout=left) if left > 0 else self._search_q.get_nowait()
@@ -91,7 +93,7 @@ class ThreadedExperienceManager(ExperienceManager):
                 if nxt is None:
                     stop = True
                     break
-                if len(batch) + len(nxt) > self.cfg.batch:
+                if len(batch) + len(nxt) > self.cfg.query_batch:
                     carry = nxt  # starts the next micro-batch
                     break
                 batch += nxt

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from comprl_jax.envs import registry
 from comprl_jax.rollout.episodes import EpisodeSpec, Trajectory, outcome
 from comprl_jax.rollout.pools import Pools
+from comprl_jax.rollout.rollout_config import EnvConfig
 from comprl_jax.rollout.tasks import Task, TaskSampler
 
 SEEDED_SPLIT = "held-out seeds"
@@ -89,23 +89,36 @@ class Player:
     pools: Callable[[str | None], Pools]
 
 
-def evaluate(config: Any, player: Player, n_per_task: int, guided: bool) -> dict[str, dict]:
-    """Plays the held-out tasks of every env in ``config.env.tasks`` (``guided``: with retrieved experience);
-    returns ``{label: row}``."""
-    c = config
+def evaluate(
+    env: EnvConfig,
+    player: Player,
+    n_per_task: int,
+    guided: bool,
+    *,
+    seed: int,
+    per_call: int,
+    full_splits: bool,
+) -> dict[str, dict]:
+    """Plays the held-out tasks of every env of the run's ``env`` section (``guided``: with retrieved experience);
+    returns ``{label: row}``.
+
+    Args:
+      seed: the run's seed (the held-out tasks and the evaluation's PRNG stream derive from it).
+      per_call: episodes played at once (the training pools' slots: tasks per step x K/2).
+      full_splits: split envs play their whole held-out split (``train.eval_full_splits``).
+    """
     out: dict[str, dict] = {}
-    key = jax.random.key(c.seed + 12345 + (1 if guided else 0))
-    per_call = c.rollout.tasks_per_step * 2  # tasks x K/2 episodes = the training pools' slots
-    for index, env_id in enumerate(c.env.tasks):
-        for split in splits_of(env_id, c.env.eval_split):
+    key = jax.random.key(seed + 12345 + (1 if guided else 0))
+    for index, env_id in enumerate(env.tasks):
+        for split in splits_of(env_id, env.eval_split):
             pools = player.pools(split)
-            tasks = eval_tasks(env_id, index, split, n_per_task, c.seed, c.train.eval_full_splits)
+            tasks = eval_tasks(env_id, index, split, n_per_task, seed, full_splits)
             trajs = []
             for i in range(0, len(tasks), per_call):
                 key, sub = jax.random.split(key)
                 trajs += player.play(player.specs(tasks[i : i + per_call], guided), pools, sub)
             ok = [t for t in trajs if not t.infra_failed]
-            out[label(env_id, split, c.env.eval_split)] = {
+            out[label(env_id, split, env.eval_split)] = {
                 "env_id": env_id,
                 "split": split_name(env_id, split),
                 "tasks": len(tasks),

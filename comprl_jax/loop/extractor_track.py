@@ -40,7 +40,6 @@ import numpy as np
 
 from comprl_jax.experience import (
     BankConfig,
-    BufferConfig,
     DistillRequest,
     ExperienceManager,
     IndexConfig,
@@ -49,6 +48,7 @@ from comprl_jax.experience import (
 )
 from comprl_jax.experience.sample import Generation
 from comprl_jax.rl.advantages import CRITIC_SCORES
+from comprl_jax.roles.role_config import ExtractorConfig
 from comprl_jax.rollout.episodes import Trajectory
 
 _WORD = r"[a-z][a-z ,]{0,%d}"
@@ -78,7 +78,10 @@ class ExtractorTrack:
 
     def __init__(
         self,
-        config: Any,
+        extractor: ExtractorConfig,
+        bank: BankConfig,
+        retrieval: RetrievalConfig,
+        manager: ManagerConfig,
         embedder: Any,
         sampler: Any,
         tokenizer: Any,
@@ -86,9 +89,11 @@ class ExtractorTrack:
         *,
         multi_process: bool = False,
     ):
-        """``multi_process``: identical replicas on every process (``distributed.multi()``): distillation runs
-        inline on the main thread, exact search only, no background index builds."""
-        c = self.c = config
+        """The run config's ``extractor``, ``bank``, ``retrieval`` and ``manager`` sections (each its dataclass:
+        they reach the manager as they are). ``multi_process``: identical replicas on every process
+        (``distributed.multi()``): distillation runs inline on the main thread, exact search only, no background
+        index builds."""
+        self.cfg, self.clock = extractor, retrieval.clock
         self.sampler, self.tokenizer, self.seed = sampler, tokenizer, seed
         self.calls = 0  # extractor generation calls so far (keys are derived from it)
         self.version = 0  # extractor updates dispatched (the trained weights' version)
@@ -104,41 +109,15 @@ class ExtractorTrack:
             embedder.embed,
             embedder.dim,
             self._extract,
-            bank_cfg=BankConfig(
-                capacity=c.bank.capacity,
-                dedup_threshold=c.bank.dedup_threshold or None,
-                max_entry_chars=c.extractor.max_entry_chars,
-                key=c.bank.key,
-                index=index,
-                partition=c.bank.partition,
-            ),
-            retrieval_cfg=RetrievalConfig(
-                top_k=c.retrieval.k,
-                num_candidates=c.retrieval.candidates,
-                lam=c.retrieval.lam,
-                window=c.retrieval.window_s if c.retrieval.clock == "wall" else c.retrieval.window_steps,
-                dropout=c.retrieval.dropout,
-            ),
-            buffer_cfg=BufferConfig(
-                batch_size=c.extractor.buffer_size,
-                cooldown=c.extractor.cooldown,
-                alpha=c.extractor.alpha,
-                recency_tau=c.extractor.recency_tau,
-            ),
-            cfg=ManagerConfig(
-                batch=c.manager.query_batch,
-                workers=c.manager.search_workers,
-                embed_workers=c.manager.embed_workers,
-                merge_chunk=c.bank.merge_chunk,
-                seed=seed,
-            ),
+            bank_cfg=dataclasses.replace(bank, index=index),
+            retrieval_cfg=retrieval,
+            buffer_cfg=extractor.buffer,
+            cfg=dataclasses.replace(manager, seed=seed),
             clock=lambda: self._now,
             query_embed_fn=getattr(embedder, "embed_query", None),
         )
-        self._constraint = sampler.regex_constraint(ops_regex()) if c.extractor.constrained else None
-        from comprl_jax.roles.role import sampling_params
-
-        self.sp = sampling_params(c.extractor.sampling)
+        self._constraint = sampler.regex_constraint(ops_regex()) if extractor.constrained else None
+        self.sp = extractor.sampling
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="extractor-track")
 
     # -- the manager's extractor_fn --------------------------------------------------------------------
@@ -157,11 +136,11 @@ class ExtractorTrack:
         version = self.sampler_version if version is None else version
         tok = self.tokenizer
         ids = [tok.encode_user_prompt(p) for p in prompts]
-        room = self.c.extractor.max_context - self.sp.max_new_tokens
+        room = self.cfg.max_context - self.sp.max_new_tokens
         ids = [x[-room:] for x in ids]  # keep the end (the op format instructions) if a prompt is too long
         # extractor.rows_per_call rows per sampler call (its KV cache is rows x (prompt + max_new) slots); one
         # call keeps ``key`` itself, so the default (0 = all at once) samples exactly as a single call does.
-        per = self.c.extractor.rows_per_call or max(len(ids), 1)
+        per = self.cfg.rows_per_call or max(len(ids), 1)
         chunks = [ids[i : i + per] for i in range(0, len(ids), per)]
         results = [
             self.sampler.generate(
@@ -192,7 +171,7 @@ class ExtractorTrack:
     # -- retrieval -------------------------------------------------------------------------------------
     def set_step(self, step: int) -> None:
         """The Eq. 6 clock: the rollout step (``retrieval.clock="step"``) or wall seconds (``"wall"``)."""
-        self._now = time.time() if self.c.retrieval.clock == "wall" else float(step)
+        self._now = time.time() if self.clock == "wall" else float(step)
 
     def retrieve(
         self, task_ids: Sequence[str], queries: Sequence[str], record: bool = True
@@ -259,13 +238,13 @@ class ExtractorTrack:
                 task_id=t.spec.task.env_id,
                 goal=t.goal,
                 success=t.success,
-                trajectory=t.transcript_text(self.c.extractor.transcript_chars),
+                trajectory=t.transcript_text(self.cfg.transcript_chars),
                 query=t.query,
                 retrieved=tuple(t.spec.entry_uids),
                 step=step,
             )
             for t in trajs
-            if (every or self.c.extractor.distill_from == "all" or t.spec.guided) and not t.infra_failed
+            if (every or self.cfg.distill_from == "all" or t.spec.guided) and not t.infra_failed
         ]
 
     def distill_launch(self, trajs: Sequence[Trajectory], step: int) -> PendingDistill:

@@ -53,6 +53,7 @@ def run(
     if dist.is_leader():
         write_config(config, workdir)
     tr = Trainer(config, workdir)
+    c = tr.config  # the typed sections (config.run.RunConfig)
     bar = None
     try:
         resumed = tr.restore()
@@ -63,32 +64,32 @@ def run(
         if progress and tr.leader:
             from tqdm import tqdm
 
-            bar = tqdm(total=config.train.steps, initial=tr.step, desc=config.experiment, unit="step")
+            bar = tqdm(total=c.train.steps, initial=tr.step, desc=c.experiment, unit="step")
         last: dict[str, float] = {}
         done_here = 0
         rows: list[
             tuple[int, dict]
         ] = []  # written once complete (an extractor update may still be in flight)
-        every = config.train.log_every
-        while tr.step < config.train.steps:
+        every = c.train.log_every
+        while tr.step < c.train.steps:
             t0 = time.perf_counter()
             s = tr.step
-            eval_now = bool(config.train.eval_every) and (s + 1) % config.train.eval_every == 0
-            eval_now = eval_now and s + 1 < config.train.steps  # (the final evaluation follows the loop)
-            log_row = s % every == 0 or s + 1 >= config.train.steps or eval_now
+            eval_now = bool(c.train.eval_every) and (s + 1) % c.train.eval_every == 0
+            eval_now = eval_now and s + 1 < c.train.steps  # (the final evaluation follows the loop)
+            log_row = s % every == 0 or s + 1 >= c.train.steps or eval_now
             metrics = tr.train_step(fetch=log_row)
             metrics["time/step_s"] = time.perf_counter() - t0
             mem = mlib.device_memory_mb()
             if mem is not None:
                 metrics["device_mem_mb"] = mem
             if eval_now:
-                metrics.update(_eval_metrics(tr.evaluate_modes(config.train.eval_tasks)))
+                metrics.update(_eval_metrics(tr.evaluate_modes(c.train.eval_tasks)))
             if log_row:
                 rows.append((s, metrics))
             done_here += 1
             if bar is not None:
                 bar.update(1)
-            stopping = tr.step >= config.train.steps or (stop_after is not None and done_here >= stop_after)
+            stopping = tr.step >= c.train.steps or (stop_after is not None and done_here >= stop_after)
             if stopping or tr.save_due():
                 tr.join_extractor()
             ready = rows if not tr.extractor_pending else rows[:-1]
@@ -108,7 +109,7 @@ def run(
             recorded = mlib.read_jsonl(writer.path)
             last = recorded[-1] if recorded else {}
         result: dict[str, Any] = {"step": tr.step, "last_metrics": last}
-        if tr.step >= config.train.steps:
+        if tr.step >= c.train.steps:
             result["eval"] = final_evaluation(tr, workdir, writer.path, ran_here=done_here > 0)
         digests = write_digests(tr, workdir)
         if digests is not None:

@@ -30,6 +30,7 @@ metrics still land in row s). Several processes: replicated host state over SPMD
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from comprl_jax.config.run import RunConfig
 from comprl_jax.envs import registry
 from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.loop import evaluation
@@ -49,7 +51,6 @@ from comprl_jax.loop.extractor_updates import ExtractorUpdates
 from comprl_jax.loop.vocab_corpus import action_words, tokenizer_corpus
 from comprl_jax.models.zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
-from comprl_jax.rl.losses import loss_config
 from comprl_jax.roles import actor_critic as critic_lib
 from comprl_jax.roles import role as roles
 from comprl_jax.roles.train_batches import actor_batch, strip_experience
@@ -74,7 +75,13 @@ log = logging.getLogger(__name__)
 
 class Trainer:
     def __init__(self, config, workdir: str):
-        self.config = cfg = config
+        """``config``: the run's ``ConfigDict`` (or its JSON tree): opened here, once, as a typed
+        :class:`~comprl_jax.config.run.RunConfig`; the components below are built from its sections."""
+        # the tree checkpoints record (what the run was started with)
+        self.config_tree = json.loads(
+            config.to_json_best_effort() if hasattr(config, "to_json_best_effort") else json.dumps(config)
+        )
+        self.config = cfg = RunConfig.of(config)
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self.experience = bool(cfg.experience.enabled)
@@ -146,7 +153,9 @@ class Trainer:
             ),
             "actor",
             cfg.actor,
-            loss_config(cfg, "actor", sft_coef=cfg.actor.self_distill_coef if self.sft_slots else 0.0),
+            dataclasses.replace(
+                cfg.actor.loss, sft_coef=cfg.actor.self_distill_coef if self.sft_slots else 0.0
+            ),
             rows // cfg.actor.updates_per_batch,
             self.actor_mesh,
         )
@@ -165,14 +174,17 @@ class Trainer:
                 ),
                 "extractor",
                 cfg.extractor,
-                loss_config(cfg, "extractor"),
-                cfg.extractor.buffer_size,
+                cfg.extractor.loss,
+                cfg.extractor.buffer.batch_size,
                 self.extractor_mesh,
             )
             from comprl_jax.models.embedders import embedder_from_config
 
             self.track = ExtractorTrack(
-                cfg,
+                cfg.extractor,
+                cfg.bank,
+                cfg.retrieval,
+                cfg.manager,
                 embedder_from_config(cfg.retrieval.embedder, mesh=self.extractor_mesh),
                 self.extractor.sampler,
                 self.extractor.model.tokenizer,
@@ -181,7 +193,7 @@ class Trainer:
             )
         # The extractor's updates and distillation in flight, and their joins (loop/extractor_updates.py).
         self.background = ExtractorUpdates(self.track, self.extractor, self._event)
-        self.actor_sampling = roles.sampling_params(cfg.actor.sampling)
+        self.actor_sampling = cfg.actor.sampling
         self._constraints: dict[tuple[str, bool], Any] = {}
         self.step = 0
         self.key = jax.random.key(cfg.seed)
@@ -265,7 +277,7 @@ class Trainer:
         if self.track is not None and self.leader:  # identical on every process: one writer
             self.track.save(self._experience_dir(self.step))
         dist.barrier(f"experience_{self.step}")
-        host = {**self._host_state(), "config": json.loads(self.config.to_json_best_effort())}
+        host = {**self._host_state(), "config": self.config_tree}
         saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
         if self.leader:
             self._prune_experience()
@@ -640,8 +652,15 @@ class Trainer:
             play=lambda specs, pools, key: self.play(specs, pools, step=self.step, key=key, record=False)[0],
             pools=self.eval_pools,
         )
+        c = self.config
         return evaluation.evaluate(
-            self.config, player, n_per_task, with_experience and self.track is not None
+            c.env,
+            player,
+            n_per_task,
+            with_experience and self.track is not None,
+            seed=c.seed,
+            per_call=c.rollout.tasks_per_step * 2,  # tasks x K/2 episodes = the training pools' slots
+            full_splits=c.train.eval_full_splits,
         )
 
     def evaluate_modes(self, n_per_task: int) -> dict[str, dict]:

@@ -34,17 +34,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from comprl_jax.rl.advantages import NUM_SUBGROUPS
+from comprl_jax.runtime.fields import FieldError, from_section
 
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean")
 RATIOS = ("token", "sequence")
 SUBGROUP_NAMES = ("free", "guided")
 TOKEN_WEIGHT = "token_weight"  # batch keys the update step adds: [B, T] full-batch aggregation weights
 SFT_WEIGHT = "sft_weight"
+# Loss fields the trainer derives from other config keys (not set in c.<role>.loss).
+DERIVED_FIELDS = {"sft_coef": "actor.self_distill_coef (only when self-distillation rows exist)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,7 @@ class ActorLossConfig:
     subgroup_mean: bool = True
     sft_coef: float = 0.0
     compute_entropy: bool = True
+    DERIVED: ClassVar[dict] = DERIVED_FIELDS  # not config keys (runtime.fields.from_section refuses them)
 
     def __post_init__(self):
         _check_field(self, "actor", "ratio", self.ratio in RATIOS, f"must be one of {RATIOS}")
@@ -94,12 +99,12 @@ class ExtractorLossConfig:
         _check_field(self, "extractor", "clip_eps", 0.0 < self.clip_eps < 1.0, "must be in (0, 1)")
 
 
-class LossConfigError(ValueError):
-    """A bad loss-config value; ``field`` names it (``config.validate`` turns it into the config key)."""
+class LossConfigError(FieldError):
+    """A bad loss-config value; ``field`` names it (``runtime.fields.from_section`` turns it into the config key)."""
 
     def __init__(self, role: str, field: str, reason: str, value):
-        super().__init__(f"{role}.{field} {reason}, got {value!r}")
-        self.field, self.reason = field, reason
+        super().__init__(field, reason, value)
+        self.args = (f"{role}.{field} {reason}, got {value!r}",)
 
 
 def _check_field(cfg, role: str, field: str, ok: bool, reason: str) -> None:
@@ -107,28 +112,12 @@ def _check_field(cfg, role: str, field: str, ok: bool, reason: str) -> None:
         raise LossConfigError(role, field, reason, getattr(cfg, field))
 
 
-# Loss fields the trainer derives from other config keys (not set in c.<role>.loss).
-DERIVED_FIELDS = {"sft_coef": "actor.self_distill_coef (only when self-distillation rows exist)"}
-
-
 def loss_config(c, role: str, **extra):
-    """The run config's ``c.<role>.loss`` sub-dict as its loss dataclass (:class:`ActorLossConfig` /
-    :class:`ExtractorLossConfig`): the one place its values are checked. ``extra``: fields the trainer derives
-    (the actor's ``sft_coef``). Raises ValueError naming the config key (``actor.loss.clip_eps``)."""
+    """The run config's ``c.<role>.loss`` section as its loss dataclass (:class:`ActorLossConfig` /
+    :class:`ExtractorLossConfig`), which checks its values. ``extra``: fields the trainer derives (the actor's
+    ``sft_coef``). Raises ValueError naming the config key (``actor.loss.clip_eps``)."""
     cls = {"actor": ActorLossConfig, "extractor": ExtractorLossConfig}[role]
-    settable = {f.name for f in dataclasses.fields(cls)} - set(DERIVED_FIELDS)
-    given = c[role].loss.to_dict()
-    unknown = sorted(set(given) - settable)
-    if unknown:
-        derived = [f"{k} comes from {DERIVED_FIELDS[k]}" for k in unknown if k in DERIVED_FIELDS]
-        why = f" ({'; '.join(derived)})" if derived else ""
-        raise ValueError(
-            f"config key {role}.loss: unknown field(s) {unknown}{why}; {cls.__name__} takes {sorted(settable)}"
-        )
-    try:
-        return cls(**given, **extra)
-    except LossConfigError as e:
-        raise ValueError(f"config key {role}.loss.{e.field}: {e.reason}") from None
+    return from_section(cls, c[role].loss, f"{role}.loss", **extra)
 
 
 def token_logprobs(logits, tokens, compute_entropy: bool = False):

@@ -28,7 +28,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from comprl_jax.models import decoder
 from comprl_jax.models.zoo import LoadedModel
 from comprl_jax.rl import (
-    OptimConfig,
     create_train_state,
     make_logprob_fn,
     make_optimizer,
@@ -38,26 +37,16 @@ from comprl_jax.rl import (
 from comprl_jax.rl import update as update_lib
 from comprl_jax.rl.losses import is_max_metric
 from comprl_jax.rl.update import ChunkedHead
+from comprl_jax.roles.role_config import RoleConfig
 from comprl_jax.runtime import distributed as dist
 from comprl_jax.runtime import sharding as shd
-from comprl_jax.sampling import SamplerService, SamplingParams, vocab_bytes
+from comprl_jax.sampling import SamplerService, vocab_bytes
 from comprl_jax.sampling.layout import RefreshTimer, RolloutLayout, rollout_layout
 
 BEHAVIOUR = update_lib.BEHAVIOUR  # [R, T] float32, the sampler's logprob of each sampled token (0 elsewhere)
 BEHAVIOUR_MASK = update_lib.BEHAVIOUR_MASK  # [R, T] float32, 1 where BEHAVIOUR is known and trained on
 USE_BEHAVIOUR = "use_behaviour"  # [R] bool, rows whose old_logprobs are the behaviour ones (extractor)
 SAMPLED_BY = "sampled_by"  # int: the role's weights version that sampled the batch (Role.version)
-
-
-def sampling_params(s) -> SamplingParams:
-    """``SamplingParams`` from a role's ``sampling`` config section."""
-    return SamplingParams(
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        greedy=s.greedy,
-    )
 
 
 @dataclasses.dataclass
@@ -143,8 +132,9 @@ class MeshSampler(SamplerService):
         return type(res)(*small[:4], cache=res.cache, steps=small[4])
 
 
-def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=None) -> Role:
-    """A role from its config section ``cfg`` (``config.actor`` / ``config.extractor``).
+def build_role(model: LoadedModel, name: str, cfg: RoleConfig, loss_cfg, rows: int, mesh=None) -> Role:
+    """A role from its config section ``cfg`` (:class:`~comprl_jax.roles.role_config.ActorConfig` /
+    ``ExtractorConfig``).
 
     Args:
       loss_cfg: the loss, by its config (``ActorLossConfig`` / ``ExtractorLossConfig``: the type selects the
@@ -165,7 +155,7 @@ def build_role(model: LoadedModel, name: str, cfg, loss_cfg, rows: int, mesh=Non
             f"{name}.micro_batch, or put devices on mesh.tensor / use fewer with mesh.num_devices"
         )
     micro = rows // cfg.micro_batch
-    tx = make_optimizer(OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip))
+    tx = make_optimizer(cfg.optim)
     state = create_train_state(model.params, tx, mesh)
     frozen = frozen_layers(model, name, cfg.trainable_layers)
     logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk, frozen)

@@ -15,6 +15,7 @@ logging which step was skipped and why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -23,6 +24,27 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from comprl_jax.runtime.fields import check
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Config section ``checkpoint``: save every ``every`` steps, keep the newest ``max_to_keep`` (>= 2, so a
+    corrupted latest step has a fallback)."""
+
+    every: int = 5
+    max_to_keep: int = 3
+
+    def __post_init__(self):
+        check(self.every >= 1, "every", "must be >= 1", self.every)
+        check(
+            self.max_to_keep >= 2,
+            "max_to_keep",
+            "must be >= 2 (a fallback for a corrupted latest step)",
+            self.max_to_keep,
+        )
+
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ The design is a *replicated host state machine over SPMD device state*:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -27,6 +28,42 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from comprl_jax.runtime.fields import check
+
+PLACEMENTS = ("colocated", "disjoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Config section ``mesh``: each role's ``(data, fsdp, tensor)`` mesh over its devices (one -1 = fill),
+    ``colocated`` (both roles on the same devices) or ``disjoint`` (``actor_fraction`` of each process's devices
+    for the actor, the rest for the extractor); ``extractor_tensor`` (0 = ``tensor``); ``num_devices`` (0 = all)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    extractor_tensor: int = 0
+    placement: str = "colocated"
+    actor_fraction: float = 0.5
+    num_devices: int = 0
+
+    def __post_init__(self):
+        for axis in ("data", "fsdp", "tensor"):
+            v = getattr(self, axis)
+            check(v == -1 or v >= 1, axis, "must be -1 (fill) or >= 1", v)
+        axes = [self.data, self.fsdp, self.tensor]
+        check(axes.count(-1) <= 1, "data", "at most one of mesh.data / fsdp / tensor may be -1 (fill)", axes)
+        check(
+            self.extractor_tensor >= 0,
+            "extractor_tensor",
+            "must be >= 0 (0 = mesh.tensor)",
+            self.extractor_tensor,
+        )
+        check(self.placement in PLACEMENTS, "placement", f"must be one of {PLACEMENTS}", self.placement)
+        check(0.0 < self.actor_fraction < 1.0, "actor_fraction", "must be in (0, 1)", self.actor_fraction)
+        check(self.num_devices >= 0, "num_devices", "must be >= 0 (0 = all devices)", self.num_devices)
+
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ def main(argv):
             "train.steps": _STEPS.value,
             "bank.capacity": _CAPACITY.value,
             "rollout.tasks_per_step": 2,
-            "extractor.buffer_size": 4,
+            "extractor.buffer.batch_size": 4,
         },
     )
     workdir = tempfile.mkdtemp()

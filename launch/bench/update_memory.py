@@ -13,10 +13,10 @@ Pick the smallest-temporaries setting that keeps the step fast; the values are t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
-import ml_collections
 import numpy as np
 from absl import app, flags
 
@@ -50,8 +50,8 @@ def batch(rows: int, t: int, role: str) -> dict[str, np.ndarray]:
 
 def main(argv):
     del argv
+    from comprl_jax.config.run import RunConfig
     from comprl_jax.models.zoo import load_model
-    from comprl_jax.rl.losses import loss_config
     from comprl_jax.roles import role as roles
 
     c = config_lib.load_file(_CONFIG.value)
@@ -69,9 +69,8 @@ def main(argv):
     model_in = {k: b[k] for k in ("tokens", "positions", "attn_mask", "loss_mask")}
     for pair in _SETTINGS.value.split(","):
         mb, chunk = (int(x) for x in pair.split("/"))
-        section = ml_collections.ConfigDict(c[role_name].to_dict())
-        section.micro_batch, section.logits_chunk = mb, chunk
-        role = roles.build_role(model, role_name, section, loss_config(c, role_name), _ROWS.value)
+        section = dataclasses.replace(getattr(RunConfig.of(c), role_name), micro_batch=mb, logits_chunk=chunk)
+        role = roles.build_role(model, role_name, section, section.loss, _ROWS.value)
         t0 = time.perf_counter()
         upd = role.update.lower(role.state, b).compile().memory_analysis()
         lp = role.logprobs.lower(role.state.params, model_in).compile().memory_analysis()
