@@ -156,5 +156,6 @@ def test_the_run_config_is_opened_in_one_place_and_sections_are_read_where_they_
     assert deep == [], "whole-config reads below the trainer:\n" + "\n".join(deep)
     # the finder finds what it looks for
     assert any(
-        "cfg.extractor.buffer" in e for _, e in _whole_config_reads(os.path.join(PACKAGE, "loop/trainer.py"))
+        "cfg.actor.updates_per_batch" in e
+        for _, e in _whole_config_reads(os.path.join(PACKAGE, "loop/trainer.py"))
     )

@@ -53,7 +53,6 @@ def run(
     if dist.is_leader():
         write_config(config, workdir)
     tr = Trainer(config, workdir)
-    c = tr.config  # the typed sections (config.run.RunConfig)
     bar = None
     try:
         resumed = tr.restore()
@@ -64,52 +63,15 @@ def run(
         if progress and tr.leader:
             from tqdm import tqdm
 
-            bar = tqdm(total=c.train.steps, initial=tr.step, desc=c.experiment, unit="step")
-        last: dict[str, float] = {}
-        done_here = 0
-        rows: list[
-            tuple[int, dict]
-        ] = []  # written once complete (an extractor update may still be in flight)
-        every = c.train.log_every
-        while tr.step < c.train.steps:
-            t0 = time.perf_counter()
-            s = tr.step
-            eval_now = bool(c.train.eval_every) and (s + 1) % c.train.eval_every == 0
-            eval_now = eval_now and s + 1 < c.train.steps  # (the final evaluation follows the loop)
-            log_row = s % every == 0 or s + 1 >= c.train.steps or eval_now
-            metrics = tr.train_step(fetch=log_row)
-            metrics["time/step_s"] = time.perf_counter() - t0
-            mem = mlib.device_memory_mb()
-            if mem is not None:
-                metrics["device_mem_mb"] = mem
-            if eval_now:
-                metrics.update(_eval_metrics(tr.evaluate_modes(c.train.eval_tasks)))
-            if log_row:
-                rows.append((s, metrics))
-            done_here += 1
-            if bar is not None:
-                bar.update(1)
-            stopping = tr.step >= c.train.steps or (stop_after is not None and done_here >= stop_after)
-            if stopping or tr.save_due():
-                tr.join_extractor()
-            ready = rows if not tr.extractor_pending else rows[:-1]
-            for step_i, r in ready:
-                if row_extra:
-                    r, row_extra = {**r, **row_extra}, None
-                last = writer.write(step_i, r)
-                if bar is not None:
-                    bar.set_postfix(success=f"{r['success']:.2f}", bank=int(r.get("bank/size", 0)))
-            rows = rows[len(ready) :]
-            tr.save()
-            if stopping:
-                break
+            bar = tqdm(total=tr.config.train.steps, initial=tr.step, desc=tr.config.experiment, unit="step")
+        last, done_here = _steps(tr, writer, bar, stop_after, row_extra)
         tr.save(force=True)
         writer.flush()
         if not last and tr.leader and os.path.exists(writer.path):  # nothing ran here: the run's last row
             recorded = mlib.read_jsonl(writer.path)
             last = recorded[-1] if recorded else {}
         result: dict[str, Any] = {"step": tr.step, "last_metrics": last}
-        if tr.step >= c.train.steps:
+        if tr.step >= tr.config.train.steps:
             result["eval"] = final_evaluation(tr, workdir, writer.path, ran_here=done_here > 0)
         digests = write_digests(tr, workdir)
         if digests is not None:
@@ -119,7 +81,49 @@ def run(
     finally:
         if bar is not None:  # (closed before an error message, not redrawn after it)
             bar.close()
-        tr.close()
+
+
+def _steps(tr: Trainer, writer, bar, stop_after: int | None, row_extra: dict | None) -> tuple[dict, int]:
+    """Train steps until ``train.steps`` (or ``stop_after`` steps of this invocation): evaluations every
+    ``train.eval_every``, a metrics row every ``train.log_every`` written once complete, checkpoints when due.
+    Returns ``(the last row written, steps run here)``."""
+    t = tr.config.train
+    last: dict[str, float] = {}
+    done_here = 0
+    rows: list[tuple[int, dict]] = []  # written once complete (an extractor update may still be in flight)
+    while tr.step < t.steps:
+        t0 = time.perf_counter()
+        s = tr.step
+        eval_now = bool(t.eval_every) and (s + 1) % t.eval_every == 0
+        eval_now = eval_now and s + 1 < t.steps  # (the final evaluation follows the loop)
+        log_row = s % t.log_every == 0 or s + 1 >= t.steps or eval_now
+        metrics = tr.train_step(fetch=log_row)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        mem = mlib.device_memory_mb()
+        if mem is not None:
+            metrics["device_mem_mb"] = mem
+        if eval_now:
+            metrics.update(_eval_metrics(tr.evaluate_modes(t.eval_tasks)))
+        if log_row:
+            rows.append((s, metrics))
+        done_here += 1
+        if bar is not None:
+            bar.update(1)
+        stopping = tr.step >= t.steps or (stop_after is not None and done_here >= stop_after)
+        if stopping or tr.save_due():
+            tr.join_extractor()
+        ready = rows if not tr.extractor_pending else rows[:-1]
+        for step_i, r in ready:
+            if row_extra:
+                r, row_extra = {**r, **row_extra}, None
+            last = writer.write(step_i, r)
+            if bar is not None:
+                bar.set_postfix(success=f"{r['success']:.2f}", bank=int(r.get("bank/size", 0)))
+        rows = rows[len(ready) :]
+        tr.save()
+        if stopping:
+            break
+    return last, done_here
 
 
 def write_config(config, workdir: str) -> None:

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from typing import Any
 
@@ -48,6 +47,7 @@ from comprl_jax.experience.retrieval import blank_experience
 from comprl_jax.loop import evaluation
 from comprl_jax.loop.extractor_track import ExtractorTrack
 from comprl_jax.loop.extractor_updates import ExtractorUpdates
+from comprl_jax.loop.run_state import RunState
 from comprl_jax.loop.vocab_corpus import action_words, tokenizer_corpus
 from comprl_jax.models.zoo import TINY_SPECS, load_model, tiny_tokenizer
 from comprl_jax.rl import self_distillation_select, subgroup_advantages
@@ -68,7 +68,6 @@ from comprl_jax.rollout.search_ask import (
 )
 from comprl_jax.rollout.tasks import TaskSampler
 from comprl_jax.runtime import distributed as dist
-from comprl_jax.runtime.checkpoint import RunCheckpointer
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +88,14 @@ class Trainer:
         self.train_extractor = self.experience and bool(cfg.extractor.train)
         self.offline = self.experience and bool(cfg.bank.offline)
         self.tasks = TaskSampler(cfg.env.tasks, cfg.rollout.tasks_per_step, cfg.seed)
-        K = cfg.rollout.group_size
-        slots = cfg.rollout.tasks_per_step * K
+        slots = cfg.rollout.tasks_per_step * cfg.rollout.group_size
         # Each env plays at its own limits (SPEC §9) under the run's caps (env.max_turns,
         # actor.sampling.max_new_tokens, rollout.max_context): a mixture's ALFWorld keeps its 40 turns of 2,048 tokens.
-        self.limits = {
-            e: registry.capped(
-                e, cfg.env.max_turns, cfg.actor.sampling.max_new_tokens, cfg.rollout.max_context
-            )
-            for e in cfg.env.tasks
-        }
+        caps = (cfg.env.max_turns, cfg.actor.sampling.max_new_tokens, cfg.rollout.max_context)
+        self.limits = {e: registry.capped(e, *caps) for e in cfg.env.tasks}
         turns = {e: lim.max_turns for e, lim in self.limits.items()}
-        self.pools = Pools(
-            cfg.env.tasks, slots, cfg.env.workers, cfg.env.backend, turns, cfg.env.step_timeout_s
-        )
+        e = cfg.env
+        self.pools = Pools(e.tasks, slots, e.workers, e.backend, turns, e.step_timeout_s)
         self._eval_pools: dict[str | None, Pools] = {}
         # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
         self.actor_mesh, self.extractor_mesh = dist.build_meshes(cfg.mesh)
@@ -120,18 +113,7 @@ class Trainer:
             ("rollout" if self.overlap_extractor else "update") if overlap == "auto" else overlap
         )
         self.timeline: list[dict] = []
-        tok = None
-        if "tiny" in (cfg.actor.model, cfg.extractor.model) or any(
-            str(m).startswith("tiny") for m in (cfg.actor.model, cfg.extractor.model)
-        ):
-            tok_dir = os.path.join(workdir, "tokenizer")
-            # One process trains the vocabulary; the others load it (the run directory is shared).
-            if self.leader:
-                corpus = tokenizer_corpus(self.pools, cfg.retrieval.search_and_ask_max)
-                tok = tiny_tokenizer(corpus, tok_dir, words=action_words(self.pools))
-            dist.barrier("tiny_tokenizer")
-            if not self.leader:
-                tok = tiny_tokenizer([], tok_dir)
+        tok = self._tiny_tokenizer()
         self.actor_tiny = cfg.actor.model in TINY_SPECS  # its vocabulary spells each action as one token
         episodes = slots * len(cfg.env.tasks)
         self.sft_slots = episodes // 2 if (self.experience and cfg.actor.self_distill_coef > 0) else 0
@@ -141,56 +123,24 @@ class Trainer:
                 f"config key actor.updates_per_batch={cfg.actor.updates_per_batch} must divide the {rows} rows of "
                 "the actor batch (tasks x group_size x envs, plus one self-distillation slot per guided episode)"
             )
-        self.actor = roles.build_role(
-            load_model(
-                cfg.actor.model,
-                role="actor",
-                tokenizer=tok,
-                seed=cfg.seed,
-                mesh=self.actor_mesh,
-                param_dtype=cfg.actor.param_dtype,
-                dtype=cfg.actor.dtype,
-            ),
-            "actor",
-            cfg.actor,
-            dataclasses.replace(
-                cfg.actor.loss, sft_coef=cfg.actor.self_distill_coef if self.sft_slots else 0.0
-            ),
-            rows // cfg.actor.updates_per_batch,
-            self.actor_mesh,
-        )
+        sft_coef = cfg.actor.self_distill_coef if self.sft_slots else 0.0
+        actor_loss = dataclasses.replace(cfg.actor.loss, sft_coef=sft_coef)
+        rows_per_update = rows // cfg.actor.updates_per_batch
+        self.actor = self._role("actor", tok, cfg.seed, actor_loss, rows_per_update, self.actor_mesh)
         self.extractor = None
         self.track = None
         if self.experience:
-            self.extractor = roles.build_role(
-                load_model(
-                    cfg.extractor.model,
-                    role="extractor",
-                    tokenizer=tok,
-                    seed=cfg.seed + 1,
-                    mesh=self.extractor_mesh,
-                    param_dtype=cfg.extractor.param_dtype,
-                    dtype=cfg.extractor.dtype,
-                ),
-                "extractor",
-                cfg.extractor,
-                cfg.extractor.loss,
-                cfg.extractor.buffer.batch_size,
-                self.extractor_mesh,
+            x = cfg.extractor
+            self.extractor = self._role(
+                "extractor", tok, cfg.seed + 1, x.loss, x.buffer.batch_size, self.extractor_mesh
             )
             from comprl_jax.models.embedders import embedder_from_config
 
+            embedder = embedder_from_config(cfg.retrieval.embedder, mesh=self.extractor_mesh)
             self.track = ExtractorTrack(
-                cfg.extractor,
-                cfg.bank,
-                cfg.retrieval,
-                cfg.manager,
-                embedder_from_config(cfg.retrieval.embedder, mesh=self.extractor_mesh),
-                self.extractor.sampler,
-                self.extractor.model.tokenizer,
-                cfg.seed,
-                multi_process=self.multi,
-            )
+                x, cfg.bank, cfg.retrieval, cfg.manager, embedder, self.extractor.sampler,
+                self.extractor.model.tokenizer, cfg.seed, multi_process=self.multi,
+            )  # fmt: skip
         # The extractor's updates and distillation in flight, and their joins (loop/extractor_updates.py).
         self.background = ExtractorUpdates(self.track, self.extractor, self._event)
         self.actor_sampling = cfg.actor.sampling
@@ -200,12 +150,33 @@ class Trainer:
         # Actor-critic: the actor's running success per env id ([successes, episodes]), shown to its judgement.
         self.task_stats: dict[str, list[int]] = {}
         self.offline_built = False
-        self.ckpt = RunCheckpointer(
-            os.path.join(workdir, "checkpoints"), cfg.checkpoint.every, cfg.checkpoint.max_to_keep
-        )
-        self._remove_stale_stores()
+        # Orbax steps and experience stores on disk (loop/run_state.py)
+        self.state_io = RunState(workdir, cfg.checkpoint, self.leader)
 
     # -- set-up helpers ------------------------------------------------------------------------------
+    def _tiny_tokenizer(self):
+        """The SentencePiece vocabulary of tiny random-init models, trained on the run's prompt strings (None when
+        neither role is tiny). One process trains it; the others load it (the run directory is shared)."""
+        models = (self.config.actor.model, self.config.extractor.model)
+        if not any(str(m).startswith("tiny") for m in models):
+            return None
+        tok_dir = os.path.join(self.workdir, "tokenizer")
+        tok = None
+        if self.leader:
+            corpus = tokenizer_corpus(self.pools, self.config.retrieval.search_and_ask_max)
+            tok = tiny_tokenizer(corpus, tok_dir, words=action_words(self.pools))
+        dist.barrier("tiny_tokenizer")
+        return tok if self.leader else tiny_tokenizer([], tok_dir)
+
+    def _role(self, name: str, tok, seed: int, loss, rows: int, mesh) -> roles.Role:
+        """The ``actor`` / ``extractor`` role from its section: model, train state, update, sampler."""
+        section = getattr(self.config, name)
+        model = load_model(
+            section.model, role=name, tokenizer=tok, seed=seed, mesh=mesh,
+            param_dtype=section.param_dtype, dtype=section.dtype,
+        )  # fmt: skip
+        return roles.build_role(model, name, section, loss, rows, mesh)
+
     def _constraint(self, env_id: str, can_ask: bool = False):
         """The actor's decoding constraint (tiny / smollm): the env's action set, plus the search & ask tag."""
         if not self.config.actor.constrained:
@@ -253,38 +224,19 @@ class Trainer:
             "offline_built": self.offline_built,
         }
 
-    def _experience_dir(self, step: int) -> str:
-        return os.path.join(self.workdir, "experience", str(step))
-
-    def _remove_stale_stores(self) -> None:
-        """``experience/<n>.tmp-*`` / ``.old-*`` folders are left by a kill during a store save: never valid."""
-        root = os.path.join(self.workdir, "experience")
-        if not self.leader or not os.path.isdir(root):
-            return
-        for name in os.listdir(root):
-            if ".tmp-" in name or ".old-" in name:
-                log.info("removing stale experience folder %s", os.path.join(root, name))
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
     def save(self, force: bool = False) -> bool:
-        """Experience store first (its own atomic directory per step), then the Orbax step that refers to it: a
-        crash in between leaves no Orbax step, so resume falls back to a step whose store exists."""
+        """A checkpoint of this step (when due, or ``force``): the experience store, then the Orbax step
+        (:class:`~comprl_jax.loop.run_state.RunState`), after the extractor's updates in flight are joined."""
         if not force and not self.save_due():
             return False
         self.join_extractor()
         if self.multi:
             dist.check_replicas(f"host state at step {self.step}", self.host_digest())
-        if self.track is not None and self.leader:  # identical on every process: one writer
-            self.track.save(self._experience_dir(self.step))
-        dist.barrier(f"experience_{self.step}")
         host = {**self._host_state(), "config": self.config_tree}
-        saved = self.ckpt.save(self.step, self._train_tree(), {}, host, force=True)
-        if self.leader:
-            self._prune_experience()
-        return saved
+        return self.state_io.save(self.step, self._train_tree(), host, self.track)
 
     def save_due(self) -> bool:
-        return self.step % self.ckpt.save_every == 0
+        return self.state_io.due(self.step)
 
     def host_digest(self) -> str:
         """SHA-256 of the replicated host state (bank, buffer, counters, task sampler, step)."""
@@ -303,30 +255,17 @@ class Trainer:
             out["extractor"] = dist.tree_digest(self.extractor.state.params)
         return out
 
-    def _prune_experience(self) -> None:
-        root = os.path.join(self.workdir, "experience")
-        if not os.path.isdir(root):
-            return
-        keep = {str(s) for s in self.ckpt.all_steps()}
-        for name in os.listdir(root):
-            if name.isdigit() and name not in keep and int(name) < self.step:
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
     def restore(self) -> bool:
         """Resumes from the newest step whose checkpoint *and* experience store are both readable."""
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._train_tree()
         )
-
-        def accept(step, train, arrays, host):
-            if self.track is not None:  # raises naming the file when the store is unreadable: fall back
-                self.track.load(self._experience_dir(int(host["step"])))
-            self.tasks.load_state_dict(host["tasks"])
-
-        got = self.ckpt.restore_latest(abstract, accept)
+        got = self.state_io.restore(
+            abstract, self.track, lambda host: self.tasks.load_state_dict(host["tasks"])
+        )
         if got is None:
             return False
-        step, train, arrays, host = got
+        _, train, host = got
         self.actor.state = train["actor"]
         self.actor.sampler.update_params(self.actor.layout.refresh(self.actor.state.params))
         if self.extractor is not None:
@@ -337,7 +276,6 @@ class Trainer:
         self.step = int(host["step"])
         self.task_stats = {k: list(v) for k, v in host.get("task_stats", {}).items()}
         self.offline_built = bool(host.get("offline_built", False))
-        log.info("resumed from step %d in %s", step, self.ckpt.directory)
         return True
 
     # -- one step ----------------------------------------------------------------------------------------
@@ -490,62 +428,31 @@ class Trainer:
         self.save(force=True)
 
     def train_step(self, fetch: bool = True) -> dict[str, Any]:
-        """One step of SPEC §6. ``fetch=False``: the actor's device metrics are not read back (log_every)."""
-        cfg, step = self.config, self.step
+        """One step of SPEC §6, in its order. ``fetch=False``: the actor's device metrics are not read back
+        (``train.log_every``)."""
+        step = self.step
         self.key, k_roll = jax.random.split(self.key)
         tasks = self.tasks.next()
-        # 1-2. rollout
-        # the weights the actor's sampler plays with (refreshed after each of its updates)
+        # 1-2. rollout, with the weights the actor's sampler holds (refreshed after each of its updates)
         sampled_by = self.actor.version
         trajs, timing = self.rollout(tasks, guided_ok=self.experience, step=step, key=k_roll)
         # The previous step's extractor updates (disjoint placement) ran on their own devices during the rollout;
         # the extractor's sampler takes their weights now (it answered this rollout's search & ask with the older).
         self.join_extractor()
         # 3. advantages (infra failures are out of every statistic)
-        K = cfg.rollout.group_size
-        rewards = np.array([outcome(t) for t in trajs], np.float32)
-        valid = np.array([not t.infra_failed for t in trajs], bool)
-        sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
-        adv = np.asarray(
-            subgroup_advantages(
-                rewards.reshape(-1, K),
-                sub.reshape(-1, K),
-                cfg.actor.adv_norm,
-                cfg.actor.adv_eps,
-                valid=valid.reshape(-1, K),
-            )
-        ).reshape(-1)
-        for t in trajs:  # the actor-critic's running success rate
-            if not t.infra_failed:
-                s = self.task_stats.setdefault(t.spec.task.env_id, [0, 0])
-                s[0] += int(t.success)
-                s[1] += 1
+        rewards, valid, sub, adv = self._advantages(trajs)
         metrics: dict[str, Any] = {}
         t_x = time.perf_counter()
-        # 4. extractor: entry rewards, then distillation (frozen bank for Offline Exp.)
+        # 4. extractor: entry rewards (distillation below; a frozen bank for Offline Exp.)
         distill = self.track is not None and not self.offline
         background = distill and self.distill_overlap == "rollout"
         metrics["time/distill_wait_s"] = self.background.take_distill_wait()
-        now = None
         if self.train_extractor:
             self.track.record_outcomes(trajs)
         # 5. actor update (async dispatch: returns before the device finishes)
         t_up = time.perf_counter()
-        actor_metrics = None
-        if self.train_actor and step >= cfg.actor.warmup_steps:
-            sft = self._self_distillation_rows(trajs, rewards, sub, valid) if self.sft_slots else []
-            batch = actor_batch(
-                trajs,
-                adv,
-                sub,
-                self.actor.model.tokenizer.pad_id,
-                sft=sft,
-                sft_slots=self.sft_slots,
-                sampled_by=sampled_by,
-            )
-            actor_metrics = roles.dispatch_update(self.actor, batch)
-            if self.sft_slots:
-                metrics["actor/sft_rows"] = float(len(sft))
+        actor_metrics = self._dispatch_actor(trajs, adv, rewards, sub, valid, sampled_by, metrics)
+        now = None
         if distill and not background:
             # Synchronous: overlaps the actor update (a thread on one process, inline after the actor's async
             # dispatch on several: one thread issues all jitted calls, in order); applied below, in this step.
@@ -556,7 +463,49 @@ class Trainer:
             metrics["actor/rollout_refresh_s"] = self.actor.refresh_seconds()
         metrics["time/update_s"] = time.perf_counter() - t_up
         # 6. bank: ops applied, merge, extractor updates
-        merge_now = distill and cfg.bank.merge and (step + 1) % cfg.bank.merge_every == 0
+        self._bank_and_extractor(trajs, step, now, distill, background, fetch, metrics)
+        metrics["time/extraction_s"] = time.perf_counter() - t_x - metrics["time/update_s"]
+        # 7. metrics
+        self.step += 1
+        metrics.update(_rollout_metrics(trajs, rewards, self.config.env.tasks))
+        metrics.update(_timing_metrics(trajs, timing))
+        return metrics
+
+    def _advantages(self, trajs):
+        """``(rewards, valid, subgroup, advantages)``, each ``[B]``: subgroup-normalised outcome advantages (guided
+        vs free inside each group of K; infra failures masked out). Also counts the actor-critic's running
+        success per env."""
+        K, a = self.config.rollout.group_size, self.config.actor
+        rewards = np.array([outcome(t) for t in trajs], np.float32)
+        valid = np.array([not t.infra_failed for t in trajs], bool)
+        sub = np.array([int(t.spec.guided) for t in trajs], np.int32)
+        groups = (rewards.reshape(-1, K), sub.reshape(-1, K))
+        adv = subgroup_advantages(*groups, a.adv_norm, a.adv_eps, valid=valid.reshape(-1, K))
+        for t in trajs:
+            if not t.infra_failed:
+                s = self.task_stats.setdefault(t.spec.task.env_id, [0, 0])
+                s[0] += int(t.success)
+                s[1] += 1
+        return rewards, valid, sub, np.asarray(adv).reshape(-1)
+
+    def _dispatch_actor(self, trajs, adv, rewards, sub, valid, sampled_by, metrics):
+        """The actor's PPO-clip steps on this batch (plus self-distillation rows), dispatched; None when the
+        actor does not train this step (frozen, or ``actor.warmup_steps``)."""
+        if not (self.train_actor and self.step >= self.config.actor.warmup_steps):
+            return None
+        sft = self._self_distillation_rows(trajs, rewards, sub, valid) if self.sft_slots else []
+        pad = self.actor.model.tokenizer.pad_id
+        batch = actor_batch(trajs, adv, sub, pad, sft=sft, sft_slots=self.sft_slots, sampled_by=sampled_by)
+        if self.sft_slots:
+            metrics["actor/sft_rows"] = float(len(sft))
+        return roles.dispatch_update(self.actor, batch)
+
+    def _bank_and_extractor(self, trajs, step, now, distill, background, fetch, metrics) -> None:
+        """Step 6: the distillation's ops (``now``: generated during the actor update) reach the bank, the merge
+        every ``bank.merge_every`` steps, the extractor's CISPO updates dispatched (joined here unless they overlap
+        the next rollout), and the producer-consumer distillation launched (``background``)."""
+        b = self.config.bank
+        merge_now = distill and b.merge and (step + 1) % b.merge_every == 0
         if now is not None:
             metrics["time/distill_wait_s"] += self.track.distill_apply(now)
             if merge_now:
@@ -573,23 +522,12 @@ class Trainer:
             self.background.launch_distill(trajs, step)
             if merge_now:
                 self.track.merge(step)
-        if self.train_extractor:
-            if not self.overlap_extractor:
-                self.join_extractor(refresh=False)  # the sampler's refresh stays at its fixed point (above)
+        if self.train_extractor and not self.overlap_extractor:
+            self.join_extractor(
+                refresh=False
+            )  # the sampler's refresh stays at its fixed point (after the rollout)
         if self.track is not None:
             metrics.update(self.track.stats())
-        metrics["time/extraction_s"] = time.perf_counter() - t_x - metrics["time/update_s"]
-        # 7. metrics
-        self.step += 1
-        metrics.update(_rollout_metrics(trajs, rewards, cfg.env.tasks))
-        metrics["time/rollout_s"] = timing["rollout_s"]
-        metrics["time/gen_s"] = timing["gen_s"]
-        metrics["time/env_s"] = timing["env_s"]
-        gen = sum(sum(t.loss_mask) for t in trajs)
-        metrics["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
-        if timing.get("slot_steps"):  # continuous engine: sampled tokens / (decode steps x slots)
-            metrics["rollout/slot_utilisation"] = timing["generated"] / timing["slot_steps"]
-        return metrics
 
     def _self_distillation_rows(self, trajs, rewards, sub, valid) -> list[tuple[list[int], list[int]]]:
         """SPEC §7: guided trajectories that beat their group's free mean, experience stripped."""
@@ -680,7 +618,17 @@ class Trainer:
             p.close()
         if self.track is not None:
             self.track.close()
-        self.ckpt.close()
+        self.state_io.ckpt.close()
+
+
+def _timing_metrics(trajs, timing: dict) -> dict[str, float]:
+    """The rollout's wall times, sampled tokens per second, and the continuous engine's slot utilisation."""
+    out = {f"time/{k}": timing[k] for k in ("rollout_s", "gen_s", "env_s")}
+    gen = sum(sum(t.loss_mask) for t in trajs)
+    out["tokens_s"] = gen / max(timing["gen_s"], 1e-9)
+    if timing.get("slot_steps"):  # continuous engine: sampled tokens / (decode steps x slots)
+        out["rollout/slot_utilisation"] = timing["generated"] / timing["slot_steps"]
+    return out
 
 
 def _rollout_metrics(trajs, rewards, env_ids) -> dict[str, float]:
