@@ -1,14 +1,14 @@
 """An :class:`~comprl_jax.experience.manager.ExperienceManager` with the threads of a serving setting.
 
 * Search: callers block on :meth:`ThreadedExperienceManager.search`; a batcher thread groups queries of concurrent
-  callers into micro-batches (flush at ``batch`` queries or ``t_max_s`` after the first), and ``workers`` threads
+  callers into micro-batches (flush at ``query_batch`` queries or ``t_max_s`` after the first), and ``search_workers`` threads
   run them through the same pipeline as the synchronous manager.
 * Distillation: :meth:`~ThreadedExperienceManager.submit_distill` enqueues finished episodes; a consumer thread
   batches them (``distill_batch``) into extractor calls; :meth:`~ThreadedExperienceManager.drain` waits for them.
 
 The trainer does not use it: it drives the plain manager at fixed points of the step, so a resumed run is
 bit-identical. Here the order in which concurrent callers' queries and episodes are served is up to the threads
-(the retrieval benchmark and the concurrency tests use it).
+(the retrieval benchmark and the concurrency tests use it, so it lives in ``launch/``, outside the package).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from comprl_jax.experience import (
     IndexConfig,
     RetrievalConfig,
 )
-from comprl_jax.experience.threaded import ThreadedExperienceManager
+from launch.threaded_manager import ThreadedExperienceManager
 
 WORDS = ["key", "door", "stairs", "east", "west", "box", "lava", "shop", "red", "blue", "apple", "fridge"]
 

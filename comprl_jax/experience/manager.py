@@ -3,7 +3,7 @@
 * Search: :meth:`search` runs in the calling thread, in micro-batches of ``batch`` queries: embed (LRU cache) ->
   index search under the reader lock -> under the writer lock, Eq. 6 re-rank + usage stats, query by query in
   order. (The trainer drives the manager this way, at fixed points of the step, for determinism;
-  :class:`~comprl_jax.experience.threaded.ThreadedExperienceManager` adds the batcher and consumer threads of a
+  ``launch.threaded_manager.ThreadedExperienceManager`` adds the batcher and consumer threads of a
   serving setting.)
 * Writes (extractor ops, merges, outcomes, training marks) take the writer lock, so a search sees either all or none
   of a mutation.

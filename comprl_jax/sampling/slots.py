@@ -404,7 +404,7 @@ class SlotBatch:
         constraint: TokenAutomaton | None = None,
         chunk_steps: int = 16,
     ):
-        from comprl_jax.sampling import MIN_CACHE_SLOTS
+        from comprl_jax.sampling.service import MIN_CACHE_SLOTS
 
         self.svc = service
         self.sp = sp
@@ -436,14 +436,14 @@ class SlotBatch:
         return int(self.cache.k.shape[2])
 
     def _window_for(self, need: int) -> int | None:
-        from comprl_jax.sampling import bucket
+        from comprl_jax.sampling.service import bucket
 
         w = min(self.cache_len, bucket(need, minimum=self.min_window))
         return None if w >= self.cache_len else w
 
     def _grow(self, need: int) -> None:
         """Room for ``need`` positions per row in the slots' cache and in the parking store alike."""
-        from comprl_jax.sampling import bucket
+        from comprl_jax.sampling.service import bucket
 
         if need > self.cache_len:
             size = min(self.max_len, bucket(need, minimum=self.min_window))
@@ -457,7 +457,7 @@ class SlotBatch:
         Returns:
           the park row of each slot, for the :class:`Entry` that continues it (which frees the park row).
         """
-        from comprl_jax.sampling import bucket
+        from comprl_jax.sampling.service import bucket
 
         slots = [int(s) for s in slots]
         if not slots:
@@ -501,7 +501,7 @@ class SlotBatch:
     def enter(self, entries: Sequence[Entry], key) -> None:
         """Prefills each entry into its slot and samples its reply's first token, while every other replying slot
         decodes one position (dispatched, not awaited)."""
-        from comprl_jax.sampling import bucket
+        from comprl_jax.sampling.service import bucket
 
         if not entries:
             return

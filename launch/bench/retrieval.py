@@ -120,8 +120,8 @@ def bench_size(n: int, rng: np.random.Generator, num_queries: int, cfg: IndexCon
 
 def bench_e2e(n: int, rng: np.random.Generator, centers: np.ndarray, reps: int) -> None:
     from comprl_jax.experience import BankConfig
-    from comprl_jax.experience.threaded import ThreadedExperienceManager
     from comprl_jax.models.embedders import get_embedder
+    from launch.threaded_manager import ThreadedExperienceManager
 
     emb = get_embedder("minilm")
     mgr = ThreadedExperienceManager(
