@@ -38,7 +38,10 @@ setup(
     version="0.1.0",
     description="Complementary RL (arXiv 2603.17621) in JAX/Flax: co-evolving LLM actor and experience extractor.",
     packages=find_packages(include=["comprl_jax", "comprl_jax.*"]),
-    package_data={"comprl_jax.envs": ["alfworld_rl_train.txt"]},  # ALFWorld's training games (a data file)
+    package_data={
+        "comprl_jax.envs": ["alfworld_rl_train.txt"],  # ALFWorld's training games (a data file)
+        "comprl_jax.models": ["presets/*.json", "presets/README.md"],  # the shipped model configs
+    },
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={

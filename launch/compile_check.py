@@ -118,7 +118,7 @@ def parse_args(argv):
     p.add_argument(
         "--micro_batches", type=int, default=0, help="micro-batches per update (default: the step's)"
     )
-    p.add_argument("--model", default="", help="actor model: a configs/models name or a config.json path")
+    p.add_argument("--model", default="", help="actor model: a comprl_jax/models/presets name or a config.json path")
     p.add_argument("--extractor_model", default="", help="extractor model (as --model)")
     p.add_argument(
         "--dtype", default="", help="compute dtype of both roles (default <role>.dtype or bfloat16)"
@@ -246,7 +246,7 @@ def target(args) -> Target:
 
 def model_spec(spec: str) -> str:
     """A config's model (HF folder path, hub id or preset) as a ``models.config.named_config`` argument: the
-    path itself when it exists, else the shipped configs/models name (``Qwen/Qwen2.5-7B-Instruct`` ->
+    path itself when it exists, else the shipped comprl_jax/models/presets name (``Qwen/Qwen2.5-7B-Instruct`` ->
     ``qwen2.5-7b-instruct``)."""
     if os.path.exists(spec):
         return spec

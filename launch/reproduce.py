@@ -619,7 +619,7 @@ _ALIASES = {"qwen3-4b-instruct-2507": "qwen3-4b-thinking-2507"}  # same architec
 
 def model_shape(spec: str) -> dict:
     """``{"params", "active", "layers", "attn_width"}`` of a model named in a config (HF name or preset), from
-    ``configs/models/*.json`` through plan_memory's abstract parameter tree (MoE: active = top-k experts)."""
+    ``comprl_jax/models/presets/*.json`` through plan_memory's abstract parameter tree (MoE: active = top-k experts)."""
     pm = _plan_memory()
     from comprl_jax.models.config import named_config
 

@@ -66,7 +66,7 @@ def _run(args, timeout=600):
 
 def _model_file(tmp_path_factory, name: str, **dims) -> str:
     """Qwen2.5-7B's config.json with ``dims`` replaced, written to a temporary file."""
-    with open(os.path.join(REPO, "configs", "models", "qwen2.5-7b-instruct.json")) as f:
+    with open(os.path.join(REPO, "comprl_jax", "models", "presets", "qwen2.5-7b-instruct.json")) as f:
         d = json.load(f)
     d.update(dims)
     path = tmp_path_factory.mktemp("compile_check") / f"{name}.json"

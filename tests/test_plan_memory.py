@@ -15,7 +15,7 @@ SCRIPT = os.path.join(ROOT, "launch", "plan_memory.py")
 
 def _qwen25_7b_counts():
     """(total, replicated) parameter counts of Qwen2.5-7B-Instruct, by hand from its config.json."""
-    c = json.load(open(os.path.join(ROOT, "configs", "models", "qwen2.5-7b-instruct.json")))
+    c = json.load(open(os.path.join(ROOT, "comprl_jax", "models", "presets", "qwen2.5-7b-instruct.json")))
     d, f, v, n = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     dh = d // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * dh
@@ -167,7 +167,7 @@ def test_activation_estimate_tracks_xla_buffer_plan():
 
 def _qwen3_30b_a3b_count():
     """Qwen3-30B-A3B-Instruct-2507 parameters by hand from its config.json: (total, active per token)."""
-    c = json.load(open(os.path.join(ROOT, "configs", "models", "qwen3-30b-a3b-instruct-2507.json")))
+    c = json.load(open(os.path.join(ROOT, "comprl_jax", "models", "presets", "qwen3-30b-a3b-instruct-2507.json")))
     d, v, n, dh = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["head_dim"]
     q, kv = c["num_attention_heads"] * dh, c["num_key_value_heads"] * dh
     e, k, f = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]

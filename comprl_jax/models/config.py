@@ -52,8 +52,8 @@ _IGNORED_KEYS = frozenset(
 )
 
 
-# The shipped real configs (configs/models/*.json at the repository root).
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "models")
+# The shipped real configs (presets/*.json beside this module, package data).
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "presets")
 ALIASES = {
     "qwen3-4b": "qwen3-4b-thinking-2507",
     "qwen2.5-7b": "qwen2.5-7b-instruct",
@@ -62,7 +62,7 @@ ALIASES = {
 
 
 def hf_config_dict(name_or_path: str) -> dict:
-    """The ``config.json`` dict of a shipped model (``configs/models/<name>.json``), a json file, or a HF folder."""
+    """The ``config.json`` dict of a shipped model (``comprl_jax/models/presets/<name>.json``), a json file, or a HF folder."""
     path = name_or_path
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
