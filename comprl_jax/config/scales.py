@@ -60,86 +60,86 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     extractor, sized for one GPU."""
     if scale == "paper":
         return c
-    if scale == "tiny":
-        c.actor.model = "tiny"
-        c.extractor.model = "tiny"
-        c.retrieval.embedder = "minilm"
-        c.actor.lr = 1e-3
-        c.extractor.lr = 1e-3
-        c.actor.constrained = True
-        c.extractor.constrained = True
-        # A constrained action may be spelled in up to 26 tokens, a search & ask question in up to ~50.
-        c.actor.sampling = sampling(1.0, 1.0, 0, 64)
-        c.extractor.sampling = sampling(1.0, 1.0, 0, 192)
-        c.actor.micro_batch = 4
-        c.extractor.micro_batch = 4
-        for role in (
-            c.actor,
-            c.extractor,
-        ):  # short sequences: the plain path is faster and memory is no issue
-            role.remat = False
-            role.logits_chunk = 0
-        c.extractor.buffer.batch_size = 8
-        c.rollout.tasks_per_step = 4
-        c.rollout.group_size = 4
-        c.rollout.max_context = 2048
-        c.extractor.max_context = 2048
-        c.bank.max_entry_chars = 200
-        c.extractor.transcript_chars = 600
-        # caps every env: ~80 tokens per turn with the tiny vocabulary
-        c.env.max_turns = min(c.env.max_turns, 10)
-        c.env.workers = 2
-        c.train.steps = 30
-        c.train.eval_tasks = 8
-        c.train.eval_full_splits = False
-        c.checkpoint.every = 5
-        c.bank.offline_build_steps = 1
-        c.manager.search_workers = 2
-        c.manager.embed_workers = 1
-        c.mesh.num_devices = 1  # tiny batches stay on one device; --config.mesh.num_devices=0 uses them all
-        _float32(c)
-        return c
-    if scale == "cpu":
-        # ``tiny`` sized to learn on 2 CPU cores (issue 19, launch/bench/learning.py; WORKSPACE "Does it learn").
-        # What limited :tiny: with 10 turns and groups of 4 a random policy wins ~2% of Room-5x5 episodes, so
-        # fewer than one group in ten has a success and almost every advantage is 0. Here: 20 turns (the context
-        # ends an episode after ~15 actions, ~130 tokens each), 32 episodes in 2 groups of 16 (a group holds a
-        # success most steps), a larger step (lr 3e-3) and two optimizer steps per batch (PPO clipping acts).
-        apply_scale(c, "tiny")
-        c.rollout.tasks_per_step = 2
-        c.rollout.group_size = 16
-        c.env.max_turns = 20
-        c.actor.lr = 3e-3
-        c.actor.updates_per_batch = 2
-        c.train.steps = 40
-        return c
-    if scale == "smollm":
-        c.actor.model = "smollm2_135m_instruct"
-        c.extractor.model = "smollm2_135m_instruct"
-        c.retrieval.embedder = "minilm"
-        c.actor.lr = 1e-5
-        c.extractor.lr = 1e-5
-        c.actor.constrained = True
-        c.extractor.constrained = True
-        c.actor.sampling = sampling(0.99, 0.99, 100, 64)
-        c.extractor.sampling = sampling(1.0, 0.99, 0, 256)
-        c.rollout.tasks_per_step = 16
-        c.rollout.group_size = 8
-        c.rollout.max_context = 8192
-        c.extractor.max_context = 4096
-        # 32 distillation prompts of ~4k tokens at once are a 6.4 GB float32 cache, beside the actor update that
-        # the distillation overlaps (issue 19: 19.0 GB peak at 4 tasks x 8 x 10 turns on CPU); 8 rows: 1.6 GB.
-        c.extractor.rows_per_call = 8
-        c.extractor.buffer.batch_size = 64
-        # XLA's buffer plan of the actor update at 32 rows x 4,096 tokens (issue 19, launch/bench/update_memory.py):
-        # micro-batches of 8 with the head scored 2,048 positions at a time need 13.5 GB of temporaries (23.4 GB
-        # peak RSS at 4 tasks x 8 x 10 turns); 4 rows and 512 positions need 4.4 GB. Same values either way.
-        for role in (c.actor, c.extractor):
-            role.micro_batch = 4
-            role.logits_chunk = 512
-        _float32(c)
-        return c
-    raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
+    if scale not in _SCALE_EDITS:
+        raise ValueError(f"scale {scale!r} unknown; choose one of {SCALES}")
+    _SCALE_EDITS[scale](c)
+    return c
+
+
+def _small_models(c: ml_collections.ConfigDict, model: str, lr: float, actor_sp, extractor_sp) -> None:
+    """What the small scales share: one small model for both roles, constrained decoding, micro-batches of 4,
+    the MiniLM embedder, float32."""
+    for role, sp in ((c.actor, actor_sp), (c.extractor, extractor_sp)):
+        role.model = model
+        role.lr = lr
+        role.constrained = True
+        role.sampling = sp
+        role.micro_batch = 4
+    c.retrieval.embedder = "minilm"
+    _float32(c)
+
+
+def _tiny(c: ml_collections.ConfigDict) -> None:
+    # A constrained action may be spelled in up to 26 tokens, a search & ask question in up to ~50.
+    _small_models(c, "tiny", 1e-3, sampling(1.0, 1.0, 0, 64), sampling(1.0, 1.0, 0, 192))
+    for role in (c.actor, c.extractor):  # short sequences: the plain path is faster and memory is no issue
+        role.remat = False
+        role.logits_chunk = 0
+    c.extractor.buffer.batch_size = 8
+    c.rollout.tasks_per_step = 4
+    c.rollout.group_size = 4
+    c.rollout.max_context = 2048
+    c.extractor.max_context = 2048
+    c.bank.max_entry_chars = 200
+    c.extractor.transcript_chars = 600
+    # caps every env: ~80 tokens per turn with the tiny vocabulary
+    c.env.max_turns = min(c.env.max_turns, 10)
+    c.env.workers = 2
+    c.train.steps = 30
+    c.train.eval_tasks = 8
+    c.train.eval_full_splits = False
+    c.checkpoint.every = 5
+    c.bank.offline_build_steps = 1
+    c.manager.search_workers = 2
+    c.manager.embed_workers = 1
+    c.mesh.num_devices = 1  # tiny batches stay on one device; --config.mesh.num_devices=0 uses them all
+
+
+def _cpu(c: ml_collections.ConfigDict) -> None:
+    # ``tiny`` sized to learn on 2 CPU cores (issue 19, launch/bench/learning.py; WORKSPACE "Does it learn").
+    # What limited :tiny: with 10 turns and groups of 4 a random policy wins ~2% of Room-5x5 episodes, so
+    # fewer than one group in ten has a success and almost every advantage is 0. Here: 20 turns (the context
+    # ends an episode after ~15 actions, ~130 tokens each), 32 episodes in 2 groups of 16 (a group holds a
+    # success most steps), a larger step (lr 3e-3) and two optimizer steps per batch (PPO clipping acts).
+    _tiny(c)
+    c.rollout.tasks_per_step = 2
+    c.rollout.group_size = 16
+    c.env.max_turns = 20
+    c.actor.lr = 3e-3
+    c.actor.updates_per_batch = 2
+    c.train.steps = 40
+
+
+def _smollm(c: ml_collections.ConfigDict) -> None:
+    _small_models(
+        c, "smollm2_135m_instruct", 1e-5, sampling(0.99, 0.99, 100, 64), sampling(1.0, 0.99, 0, 256)
+    )
+    c.rollout.tasks_per_step = 16
+    c.rollout.group_size = 8
+    c.rollout.max_context = 8192
+    c.extractor.max_context = 4096
+    # 32 distillation prompts of ~4k tokens at once are a 6.4 GB float32 cache, beside the actor update that
+    # the distillation overlaps (issue 19: 19.0 GB peak at 4 tasks x 8 x 10 turns on CPU); 8 rows: 1.6 GB.
+    c.extractor.rows_per_call = 8
+    c.extractor.buffer.batch_size = 64
+    # XLA's buffer plan of the actor update at 32 rows x 4,096 tokens (issue 19, launch/bench/update_memory.py):
+    # micro-batches of 8 with the head scored 2,048 positions at a time need 13.5 GB of temporaries (23.4 GB
+    # peak RSS at 4 tasks x 8 x 10 turns); 4 rows and 512 positions need 4.4 GB. Same values either way.
+    for role in (c.actor, c.extractor):
+        role.logits_chunk = 512
+
+
+_SCALE_EDITS = {"tiny": _tiny, "cpu": _cpu, "smollm": _smollm}
 
 
 def _float32(c: ml_collections.ConfigDict) -> None:
