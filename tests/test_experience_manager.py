@@ -1,5 +1,6 @@
 """ExperienceManager under concurrency, and save -> new process -> restore equality."""
 
+import dataclasses
 import json
 import os
 import random
@@ -249,6 +250,51 @@ def test_load_rejects_mismatched_config_and_restore_takes_saved_ones(tmp_path):
     assert r.retrieval_cfg.k == 2 and r.bank.cfg.index.scann_min_size == 300 and len(r.bank.entries) == 1
     with pytest.raises(FileNotFoundError, match="missing meta.json"):
         r.load(str(tmp_path / "nope"))
+    # what schedules the run (merges, search & ask) may change on a resume: the store means the same
+    sched = ExperienceManager(
+        hash_embed,
+        DIM,
+        bank_cfg=dataclasses.replace(m.bank.cfg, merge_every=9, merge_chunk=2),
+        buffer_cfg=m.buffer.cfg,
+        retrieval_cfg=dataclasses.replace(m.retrieval_cfg, search_and_ask_max=0, embedder="other"),
+    )
+    sched.load(str(tmp_path / "s"))
+    assert len(sched.bank.entries) == 1
+
+
+def test_a_store_saved_before_the_config_renames_loads(tmp_path):
+    """Issue 29 renamed fields (RetrievalConfig top_k -> k, num_candidates -> candidates; ManagerConfig batch ->
+    query_batch, workers -> search_workers, merge_chunk -> BankConfig); a store written before reads as today's."""
+    import json
+
+    m = _make(FakeClock())
+    m.apply_output("a", answer(add(mem("k", "v"))), [], step=0)
+    path = tmp_path / "s"
+    m.save(str(path))
+    meta = json.loads((path / "meta.json").read_text())
+    c = meta["configs"]
+    r = c["retrieval"]
+    r["top_k"], r["num_candidates"], r["window"] = r.pop("k"), r.pop("candidates"), r.pop("window_s")
+    for k in (
+        "clock",
+        "window_steps",
+        "embedder",
+        "search_and_ask",
+        "search_and_ask_max",
+        "search_and_ask_guided_only",
+    ):
+        r.pop(k)
+    c["manager"]["batch"], c["manager"]["workers"] = (
+        c["manager"].pop("query_batch"),
+        c["manager"].pop("search_workers"),
+    )
+    c["manager"]["merge_chunk"] = c["bank"].pop("merge_chunk")
+    c["bank"]["dedup_threshold"] = None
+    (path / "meta.json").write_text(json.dumps(meta))
+    m.load(str(path))  # the same manager: the old names compare equal to today's fields
+    back = ExperienceManager.restore(str(path), hash_embed)
+    assert back.retrieval_cfg.k == m.retrieval_cfg.k and back.cfg.query_batch == m.cfg.query_batch
+    assert back.bank.cfg.merge_chunk == m.bank.cfg.merge_chunk and back.bank.cfg.dedup_threshold == 0.0
 
 
 def test_distill_queue_and_search_and_ask_rewards():

@@ -505,8 +505,14 @@ class ExperienceManager:
         mine = json.loads(json.dumps(self.configs()))
         saved = upgrade_configs(state["configs"])
         for name in ("bank", "retrieval", "buffer"):
-            # a field added since the store was written is not compared (its default reproduces the old store)
-            diff = sorted(k for k in mine[name] if k in saved[name] and mine[name][k] != saved[name][k])
+            # a field added since the store was written is not compared (its default reproduces the old store),
+            # nor one that schedules the run rather than shapes the store (_NOT_COMPARED)
+            same = _NOT_COMPARED.get(name, ())
+            diff = sorted(
+                k
+                for k in mine[name]
+                if k in saved[name] and k not in same and mine[name][k] != saved[name][k]
+            )
             if diff:
                 raise ValueError(
                     f"saved {name} config differs from this manager's in {diff} "
@@ -538,6 +544,14 @@ _RENAMED = {
     ("manager", "batch"): ("manager", "query_batch"),
     ("manager", "workers"): ("manager", "search_workers"),
     ("manager", "merge_chunk"): ("bank", "merge_chunk"),
+}
+
+
+# Config fields a resumed run may change (``--allow_config_change``) without the store meaning something else: when
+# merges run, the offline build, the embedder's name (its dim is checked), and the actor's search & ask budget.
+_NOT_COMPARED = {
+    "bank": ("merge", "merge_every", "merge_chunk", "offline", "offline_build_steps", "offline_dedup"),
+    "retrieval": ("embedder", "search_and_ask", "search_and_ask_max", "search_and_ask_guided_only"),
 }
 
 
