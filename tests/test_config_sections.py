@@ -9,7 +9,7 @@ import pytest
 
 from comprl_jax import config as config_lib
 from comprl_jax.config.run import SECTIONS, RunConfig
-from comprl_jax.experience import BankConfig, RetrievalConfig
+from comprl_jax.experience import BankConfig, ManagerConfig, RetrievalConfig
 from comprl_jax.rl.losses import ActorLossConfig
 from comprl_jax.runtime.fields import FieldError, check, from_section
 
@@ -41,7 +41,7 @@ def test_a_bad_value_is_named_by_its_dotted_key():
     cases = [
         ("retrieval.candidates", 0, r"config key retrieval.candidates: must be >= retrieval.k=1, got 0"),
         ("extractor.buffer.cooldown", -1, r"config key extractor.buffer.cooldown: must be >= 0"),
-        ("actor.sampling.top_p", 0.0, r"top_p"),
+        ("actor.sampling.top_p", 0.0, r"config key actor.sampling.top_p: must be in \(0, 1\], got 0.0"),
         ("mesh.placement", "far", r"config key mesh.placement: must be one of \('colocated', 'disjoint'\)"),
         ("rollout.group_size", 3, r"config key rollout.group_size: must be even"),
         ("env.backend", "gpu", r"config key env.backend: must be one of"),
@@ -64,6 +64,17 @@ def test_a_bad_value_is_named_by_its_dotted_key():
         config_lib.validate(bad)
 
 
+def test_a_key_missing_from_a_section_is_named_not_defaulted():
+    """A config without a schema key (an older run's config.json that upgrade_saved does not know) would take the
+    dataclass's default, which need not be the schema's (bank.partition: "task" vs "shared")."""
+    tree = config_lib.build("tiny", "t").to_dict()
+    del tree["bank"]["partition"], tree["actor"]["sampling"]["top_p"]
+    with pytest.raises(
+        ValueError, match=r"config key actor.sampling.top_p, bank.partition: missing from the config"
+    ):
+        RunConfig.of(tree)
+
+
 def test_from_section_refuses_unknown_and_derived_keys_and_builds_nested_sections():
     assert (
         from_section(BankConfig, {"capacity": 3, "index": {"scann_min_size": 9}}, "bank").index.scann_min_size
@@ -77,6 +88,8 @@ def test_from_section_refuses_unknown_and_derived_keys_and_builds_nested_section
         from_section(ActorLossConfig, {"sft_coef": 0.5}, "actor.loss")
     # extra: fields the code decides, beside the section's keys
     assert from_section(ActorLossConfig, {"clip_eps": 0.3}, "actor.loss", sft_coef=0.5).sft_coef == 0.5
+    with pytest.raises(ValueError, match=r"config key manager.seed: unknown \(seed is set by the code\)"):
+        from_section(ManagerConfig, {"seed": 3}, "manager", seed=1)
     r = RetrievalConfig(k=2)
     assert from_section(RetrievalConfig, r, "retrieval") is r  # an instance passes through
 

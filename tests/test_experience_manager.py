@@ -295,6 +295,17 @@ def test_a_store_saved_before_the_config_renames_loads(tmp_path):
     back = ExperienceManager.restore(str(path), hash_embed)
     assert back.retrieval_cfg.k == m.retrieval_cfg.k and back.cfg.query_batch == m.cfg.query_batch
     assert back.bank.cfg.merge_chunk == m.bank.cfg.merge_chunk and back.bank.cfg.dedup_threshold == 0.0
+    assert back.retrieval_cfg.window == m.retrieval_cfg.window == 300.0  # the old window, as a wall window
+    # the window is compared as Eq. 6 uses it: a step-clock manager with that window loads, another does not
+    steps = dataclasses.replace(m.retrieval_cfg, clock="step", window_steps=300, window_s=1.0)
+    ExperienceManager(
+        hash_embed, DIM, bank_cfg=m.bank.cfg, buffer_cfg=m.buffer.cfg, retrieval_cfg=steps
+    ).load(str(path))
+    other = dataclasses.replace(steps, window_steps=2)
+    with pytest.raises(ValueError, match=r"retrieval config differs .*\['window'\]"):
+        ExperienceManager(
+            hash_embed, DIM, bank_cfg=m.bank.cfg, buffer_cfg=m.buffer.cfg, retrieval_cfg=other
+        ).load(str(path))
 
 
 def test_distill_queue_and_search_and_ask_rewards():

@@ -93,8 +93,8 @@ def test_no_import_cycles_in_the_package():
 
 
 # The layers of the package, lowest first (issue 29). A module may import its own folder and the folders of lower
-# layers, never a folder of its own layer or above. The root modules ``config`` (schema, methods, mixtures: it
-# reads the env registry and the loss configs) and the launch-only ``launch_utils`` / ``tables`` are layers too.
+# layers, never a folder of its own layer or above. ``config`` (schema, methods, scales, and RunConfig, which builds
+# each section's dataclass from the layers below) sits under ``loop``, which opens the run config.
 LAYERS = (
     ("runtime",),  # processes, meshes, sharding rules, checkpoints, metrics
     ("tokenizer", "envs"),

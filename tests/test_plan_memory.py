@@ -167,7 +167,9 @@ def test_activation_estimate_tracks_xla_buffer_plan():
 
 def _qwen3_30b_a3b_count():
     """Qwen3-30B-A3B-Instruct-2507 parameters by hand from its config.json: (total, active per token)."""
-    c = json.load(open(os.path.join(ROOT, "comprl_jax", "models", "presets", "qwen3-30b-a3b-instruct-2507.json")))
+    c = json.load(
+        open(os.path.join(ROOT, "comprl_jax", "models", "presets", "qwen3-30b-a3b-instruct-2507.json"))
+    )
     d, v, n, dh = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["head_dim"]
     q, kv = c["num_attention_heads"] * dh, c["num_key_value_heads"] * dh
     e, k, f = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]

@@ -155,8 +155,11 @@ def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
     }
     c = load_config("minihack_room", "tiny", **over)
     reads = record_config_reads(c, monkeypatch)
+    closed = []
+    close = run_lib.Trainer.close
+    monkeypatch.setattr(run_lib.Trainer, "close", lambda self: (closed.append(True), close(self)))
     out = run_lib.run(c, str(tmp_path), progress=False)
-    assert out["step"] == 4
+    assert out["step"] == 4 and closed == [True]  # run() closes the trainer (pools, threads, Orbax)
     # Each section reaches the components as its dataclass; a key counts as read where a component consults the
     # field, so a key only an unbuilt class reads fails here (manager.t_max_ms did, before issue 28). This run
     # merges nothing (bank.merge_every=100 keeps entries alive for the cooldown): bank.merge_chunk is unread.

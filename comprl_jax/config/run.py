@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from comprl_jax.config import keys, schema
 from comprl_jax.config.methods import METHOD_FLAGS, METHODS
 from comprl_jax.experience.bank import BankConfig
 from comprl_jax.experience.manager import ManagerConfig
@@ -97,6 +98,17 @@ class RunConfig:
             f"unknown section(s); a run config has {sorted(SECTIONS)} and {TOP_LEVEL}",
         )
         _check(not missing, str(missing), "missing from the config (build it with comprl_jax.config.build)")
+        # a key the schema has but the config lacks would silently take its dataclass's default
+        have = set(keys.flatten(c))
+        lost = [
+            k for k in keys.flatten(schema.base_config()) if k.split(".")[0] in SECTIONS and k not in have
+        ]
+        _check(
+            not lost,
+            ", ".join(lost),
+            "missing from the config; an older run's config.json? (comprl_jax.config.upgrade_saved fills the keys "
+            "added since: add the key to config/upgrade.py ADDED_KEYS with the value that reproduces older runs)",
+        )
         return cls(
             **{k: c[k] for k in TOP_LEVEL}, **{k: from_section(t, c[k], k) for k, t in SECTIONS.items()}
         )

@@ -513,6 +513,9 @@ class ExperienceManager:
                 for k in mine[name]
                 if k in saved[name] and k not in same and mine[name][k] != saved[name][k]
             )
+            window = _saved_window(state["configs"]["retrieval"]) if name == "retrieval" else None
+            if window is not None and window != self.retrieval_cfg.window:
+                diff.append("window")
             if diff:
                 raise ValueError(
                     f"saved {name} config differs from this manager's in {diff} "
@@ -551,20 +554,36 @@ _RENAMED = {
 # merges run, the offline build, the embedder's name (its dim is checked), and the actor's search & ask budget.
 _NOT_COMPARED = {
     "bank": ("merge", "merge_every", "merge_chunk", "offline", "offline_build_steps", "offline_dedup"),
-    "retrieval": ("embedder", "search_and_ask", "search_and_ask_max", "search_and_ask_guided_only"),
+    "retrieval": ("embedder", "search_and_ask", "search_and_ask_max", "search_and_ask_guided_only")
+    # the window is compared as the one Eq. 6 uses (RetrievalConfig.window), whichever clock field holds it
+    + ("clock", "window_steps", "window_s"),
 }
+
+
+def _saved_window(retrieval: dict) -> float | None:
+    """Eq. 6's window a store's retrieval config used (None: not recorded)."""
+    if "window" in retrieval:  # written before the clock was a field
+        return float(retrieval["window"])
+    if "clock" not in retrieval:
+        return None
+    return float(retrieval["window_s"] if retrieval["clock"] == "wall" else retrieval["window_steps"])
 
 
 def upgrade_configs(configs: dict) -> dict:
     """A store's saved configs (``meta.json``) in today's field names (a copy): renamed fields moved, an unset
-    dedup threshold (``None``) as 0 (off), and ``retrieval.window`` (from before the clock was a field) dropped."""
+    dedup threshold (``None``) as 0 (off), and ``retrieval.window`` (from before the clock was a field) as the
+    window of a ``"wall"`` clock (the same number Eq. 6 used: the manager's clock is its own argument)."""
     out = {name: dict(section) for name, section in configs.items()}
     for (sec, old), (new_sec, new) in _RENAMED.items():
         if old in out.get(sec, {}):
             out.setdefault(new_sec, {}).setdefault(new, out[sec].pop(old))
     if out.get("bank", {}).get("dedup_threshold", 0.0) is None:
         out["bank"]["dedup_threshold"] = 0.0
-    out.get("retrieval", {}).pop("window", None)
+    r = out.get("retrieval", {})
+    if (
+        "window" in r
+    ):  # the window was Eq. 6's in the manager's clock units: as a wall window it is the same number
+        r["clock"], r["window_s"] = "wall", float(r.pop("window"))
     return out
 
 

@@ -81,6 +81,7 @@ def run(
     finally:
         if bar is not None:  # (closed before an error message, not redrawn after it)
             bar.close()
+        tr.close()
 
 
 def _steps(tr: Trainer, writer, bar, stop_after: int | None, row_extra: dict | None) -> tuple[dict, int]:

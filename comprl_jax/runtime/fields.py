@@ -47,9 +47,13 @@ def from_section(cls, section, key: str, **extra):
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     derived = getattr(cls, "DERIVED", {})
     given = {k: section[k] for k in _keys(section)}
-    bad = sorted(k for k in given if k not in fields or k in derived)
+    bad = sorted(k for k in given if k not in fields or k in derived or k in extra)
     if bad:
-        why = "; ".join(f"{k} comes from {derived[k]}" for k in bad if k in derived)
+        why = "; ".join(
+            f"{k} comes from {derived[k]}" if k in derived else f"{k} is set by the code"
+            for k in bad
+            if k in derived or k in extra
+        )
         settable = sorted(fields - set(derived) - set(extra))
         names = ", ".join(f"{key}.{k}" for k in bad)
         raise ValueError(

@@ -12,6 +12,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from comprl_jax.runtime.fields import check
+
 NEG_INF = -jnp.inf
 
 
@@ -34,16 +36,15 @@ class SamplingParams:
     greedy: bool = False
 
     def __post_init__(self):
-        if self.max_new_tokens <= 0:
-            raise ValueError(f"SamplingParams.max_new_tokens must be positive, got {self.max_new_tokens}")
-        if not self.greedy and not self.temperature > 0:
-            raise ValueError(
-                f"SamplingParams.temperature must be > 0 (or greedy=True), got {self.temperature}"
-            )
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        check(self.max_new_tokens > 0, "max_new_tokens", "must be positive", self.max_new_tokens)
+        check(
+            self.greedy or self.temperature > 0,
+            "temperature",
+            "must be > 0 (or greedy=True)",
+            self.temperature,
+        )
+        check(self.top_k >= 0, "top_k", "must be >= 0 (0 = off)", self.top_k)
+        check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
 
 
 def filter_logits(logits: jax.Array, sp: SamplingParams, allowed: jax.Array | None = None) -> jax.Array:
