@@ -231,6 +231,7 @@ class Decoder(nnx.Module):
         remat: bool = False,
         return_aux: bool = False,
         frozen_layers: int = 0,
+        segment_ids=None,
     ):
         """See :func:`forward`."""
         cfg = self.cfg
@@ -243,7 +244,8 @@ class Decoder(nnx.Module):
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            x, stats = _finish(cfg, p, x, L.attention(q, k, v, q_pos, valid, causal=True), valid)
+            attn = L.attention(q, k, v, q_pos, valid, causal=True, segment_ids=segment_ids)
+            x, stats = _finish(cfg, p, x, attn, valid)
             return constrain_batch(x), stats
 
         if remat:
@@ -379,6 +381,7 @@ def forward(
     remat: bool = False,
     return_aux: bool = False,
     frozen_layers: int = 0,
+    segment_ids=None,
 ):
     """Full-sequence forward pass without a cache (training, scoring, embedding).
 
@@ -394,6 +397,9 @@ def forward(
       frozen_layers: partial fine-tuning: no gradient reaches the embedding, the first ``frozen_layers`` layers
         or the output head (0: every parameter trains). Values are unchanged; the backward pass stops at the
         first trained layer, so it costs what the trained layers cost.
+      segment_ids: optional ``[B, T]`` int32, sequence packing: a token attends only to tokens of its own segment
+        (and, as always, valid and not after it). ``positions`` then restart per segment (RoPE); a packed row gives
+        each segment the logits it would get alone.
     Returns:
       logits ``[B, T, V]`` float32, or hidden ``[B, T, D]`` float32. Rows of invalid tokens are meaningless.
       With ``return_aux``: ``(that, aux)``.
@@ -407,6 +413,7 @@ def forward(
         remat=remat,
         return_aux=return_aux,
         frozen_layers=frozen_layers,
+        segment_ids=segment_ids,
     )
 
 

@@ -118,26 +118,43 @@ QUERY_CHUNK = 512
 CAUSAL_BANDS = 4
 
 
-def visible(q_pos: jax.Array, k_valid: jax.Array, k_start: int = 0) -> jax.Array:
+def visible(
+    q_pos: jax.Array,
+    k_valid: jax.Array,
+    k_start: int = 0,
+    q_seg: jax.Array | None = None,
+    k_seg: jax.Array | None = None,
+) -> jax.Array:
     """Which keys each query sees, ``[B, T, S]`` bool, built from per-row vectors where it is used (one query
     chunk at a time) instead of carried through the model: key ``k_start + s`` is visible to query ``t`` of row
-    ``b`` iff it is valid (``k_valid[b, s]``) and not after the query (``k_start + s <= q_pos[b, t]``).
+    ``b`` iff it is valid (``k_valid[b, s]``), not after the query (``k_start + s <= q_pos[b, t]``) and, with
+    segment ids (packed rows), in the query's segment (``k_seg[b, s] == q_seg[b, t]``).
 
     Args:
       q_pos: ``[B, T]`` int32, the key index (column) each query sits at. k_valid: ``[B, S]`` bool.
+      q_seg, k_seg: optional ``[B, T]`` / ``[B, S]`` int32 segment ids (both or neither).
     """
     key = k_start + jnp.arange(k_valid.shape[1], dtype=jnp.int32)
-    return (key[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]
+    vis = (key[None, None, :] <= q_pos[:, :, None]) & k_valid[:, None, :]
+    if q_seg is not None:
+        vis = vis & (q_seg[:, :, None] == k_seg[:, None, :])
+    return vis
 
 
 def _attention_dense(
-    q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_valid: jax.Array
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_valid: jax.Array,
+    q_seg: jax.Array | None = None,
+    k_seg: jax.Array | None = None,
 ) -> jax.Array:
     b, t, h, dh = q.shape
     hkv = k.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, hkv, h // hkv, dh)
     s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(jnp.float32)) * (dh**-0.5)
-    s = jnp.where(visible(q_pos, k_valid)[:, None, None], s, NEG_INF)
+    s = jnp.where(visible(q_pos, k_valid, 0, q_seg, k_seg)[:, None, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32))
     return o.reshape(b, t, h * dh).astype(q.dtype)
@@ -150,6 +167,7 @@ def attention(
     q_pos: jax.Array,
     k_valid: jax.Array,
     causal: bool = False,
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped-query attention, plain einsum + mask + softmax in float32 (query-chunked when long).
 
@@ -164,6 +182,8 @@ def attention(
       k_valid: ``[B, S]`` bool, keys that exist (not padding, inside the row's filled cache).
       causal: keys are the queries' own sequence (S == T, ``q_pos = arange(T)``), so a band of query chunks only
         needs the key prefix up to its end (``CAUSAL_BANDS``).
+      segment_ids: optional ``[B, T]`` int32 (self-attention only, S == T): packed rows, a query sees only keys
+        of its own segment (queries and keys share the ids).
     Returns:
       ``[B, T, H * Dh]`` in ``q.dtype``. Chunking only changes the peak memory, not the result: each query row's
       softmax sees the same keys.
@@ -171,9 +191,14 @@ def attention(
     b, t, h, dh = q.shape
     q_pos = jnp.broadcast_to(q_pos.astype(jnp.int32), (b, t))
     k_valid = jnp.broadcast_to(k_valid.astype(bool), (b, k.shape[1]))
+    seg = None
+    if segment_ids is not None:
+        if k.shape[1] != t:
+            raise ValueError(f"segment_ids need self-attention (S == T), got T={t}, S={k.shape[1]}")
+        seg = jnp.broadcast_to(segment_ids.astype(jnp.int32), (b, t))
     c = QUERY_CHUNK
     if t <= c or t % c:
-        return _attention_dense(q, k, v, q_pos, k_valid)
+        return _attention_dense(q, k, v, q_pos, k_valid, seg, seg)
     n = t // c
     if causal and k.shape[1] == t:
         bands = max(d for d in range(1, min(CAUSAL_BANDS, n) + 1) if n % d == 0)
@@ -181,22 +206,31 @@ def attention(
         outs = []
         for i in range(bands):
             e = (i + 1) * w  # band i's queries see keys [:e] at most
+            qs = None if seg is None else seg[:, i * w : e]
+            ks = None if seg is None else seg[:, :e]
             outs.append(
-                _chunked_queries(q[:, i * w : e], k[:, :e], v[:, :e], q_pos[:, i * w : e], k_valid[:, :e])
+                _chunked_queries(
+                    q[:, i * w : e], k[:, :e], v[:, :e], q_pos[:, i * w : e], k_valid[:, :e], qs, ks
+                )
             )
         return jnp.concatenate(outs, axis=1)
-    return _chunked_queries(q, k, v, q_pos, k_valid)
+    return _chunked_queries(q, k, v, q_pos, k_valid, seg, seg)
 
 
-def _chunked_queries(q, k, v, q_pos, k_valid):
+def _chunked_queries(q, k, v, q_pos, k_valid, q_seg=None, k_seg=None):
     """Dense attention QUERY_CHUNK queries at a time (one lax.map, each chunk rematerialised)."""
     b, t, h, dh = q.shape
     c = QUERY_CHUNK
     n = t // c
     qc = q.reshape(b, n, c, h, dh).swapaxes(0, 1)  # [n, B, c, H, Dh]
     pc = q_pos.reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
-    one = jax.checkpoint(lambda qp: _attention_dense(qp[0], k, v, qp[1], k_valid))
-    out = jax.lax.map(one, (qc, pc))  # [n, B, c, H*Dh]
+    sc = pc if q_seg is None else q_seg.reshape(b, n, c).swapaxes(0, 1)  # [n, B, c] (unused without segments)
+
+    def one(qps):
+        qs = None if q_seg is None else qps[2]
+        return _attention_dense(qps[0], k, v, qps[1], k_valid, qs, k_seg)
+
+    out = jax.lax.map(jax.checkpoint(one), (qc, pc, sc))  # [n, B, c, H*Dh]
     return out.swapaxes(0, 1).reshape(b, t, h * dh)
 
 
