@@ -38,6 +38,10 @@ splits the devices as the trainer does. Dtypes: ``<role>.dtype`` / ``<role>.para
 else bfloat16 compute and float32 parameters (``--dtype`` / ``--param_dtype`` override both roles). The sampler's
 weights and mesh come from :func:`sampler_layout`: the library's decode layout (compute dtype, tensor-parallel and/or
 replicated over the role's devices; ``<role>.rollout_tensor``, 0 = chosen against the target's HBM).
+Attention (the updates' and log-prob passes' forward): ``<role>.attention`` (default ``auto``: the Pallas splash
+kernel on a TPU topology, ``xla`` on fake CPU devices; ``comprl_jax/models/attention.py``); ``--attention=xla|splash``
+overrides both roles, as ``--set=actor.attention=splash`` does one. Each line's ``attention`` names the backend that
+runs (``auto -> splash``).
 
 COMMAND:
   make libtpu   # once: libtpu==0.0.42.* (the version jax[tpu] pins for jax 0.10.2) into .libtpu/
@@ -46,6 +50,8 @@ COMMAND:
       --functions=extractor_update --moe_dispatch=capacity   # Qwen3-30B-A3B extractor (the default dropless
       # dispatch's batched ragged_dot_general does not lower for TPU: "CHLO => [StableHLO+Shape] => StableHLO failed")
   .venv/bin/python launch/compile_check.py --config=configs/minihack_room.py --fake_devices=8 --hbm_gib=79.6
+  .venv/bin/python launch/compile_check.py --config=configs/minihack_room.py --topology=v5p:2x2x1 \
+      --functions=actor_update --attention=xla   # the chunked reference attention instead of splash
   # small model, e.g. for a test: --model=path/config.json --extractor_model=path/config.json --mesh=fsdp=4
 Topologies: v5p:2x2x1 (4 chips), v5p:4x4x2 (v5p-64), v5p:4x4x4 (v5p-128), v5e:16x16 (v5e-256), v6e:..., v4:...
 One JSON line per function (``bench: "compile_check"``); exit status 1 when any function failed for a reason other
@@ -118,7 +124,9 @@ def parse_args(argv):
     p.add_argument(
         "--micro_batches", type=int, default=0, help="micro-batches per update (default: the step's)"
     )
-    p.add_argument("--model", default="", help="actor model: a comprl_jax/models/presets name or a config.json path")
+    p.add_argument(
+        "--model", default="", help="actor model: a comprl_jax/models/presets name or a config.json path"
+    )
     p.add_argument("--extractor_model", default="", help="extractor model (as --model)")
     p.add_argument(
         "--dtype", default="", help="compute dtype of both roles (default <role>.dtype or bfloat16)"
@@ -128,6 +136,11 @@ def parse_args(argv):
     )
     p.add_argument(
         "--moe_dispatch", default="", help="MoE models: dropless | capacity (default: the model's)"
+    )
+    p.add_argument(
+        "--attention",
+        default="",
+        help="attention backend of both roles' forwards: auto | xla | cudnn | splash (default <role>.attention)",
     )
     p.add_argument(
         "--set",
@@ -296,6 +309,7 @@ def build_role(c, args, name: str, devices) -> RoleSetup:
     param_dtype = args.param_dtype or section.get("param_dtype") or "float32"
     try:
         extra = {"moe_dispatch": args.moe_dispatch} if args.moe_dispatch else {}
+        extra["attention"] = args.attention or section.get("attention") or "auto"
         cfg = named_config(model_spec(spec), dtype=dtype, param_dtype=param_dtype, **extra)
     except FileNotFoundError as e:
         raise SystemExit(
@@ -305,6 +319,14 @@ def build_role(c, args, name: str, devices) -> RoleSetup:
     mesh = role_mesh(c, name, args.mesh if name == "actor" else args.extractor_mesh, devices)
     seq = args.seq_len or (c.rollout.max_context if name == "actor" else c.extractor.max_context)
     return RoleSetup(name, section, cfg, graphdef, abs_params, mesh, seq)
+
+
+def attention_backend(cfg, platform: str) -> str:
+    """``cfg.attention`` as the forward resolves it on ``platform`` (``"auto -> splash"`` for auto)."""
+    from comprl_jax.models import attention
+
+    got = attention.resolve(cfg.attention, cfg.dtype, cfg.head_dim, platform=platform)
+    return got if got == cfg.attention else f"{cfg.attention} -> {got}"
 
 
 def batch_devices(mesh) -> int:
@@ -645,6 +667,8 @@ def run(args) -> int:
         }
         if role.model.num_experts:
             line["moe_dispatch"] = role.model.moe_dispatch
+        # the backend that runs on this target ("auto" resolved as models/attention.py does under the mesh)
+        line["attention"] = attention_backend(role.model, tgt.platform)
         lw = builder(c, args, role)
         line["mesh"] = {k: int(v) for k, v in lw.mesh.shape.items()}
         line["shapes"] = lw.shapes

@@ -119,6 +119,20 @@ def test_four_functions_fit_on_a_v5p_2x2x1(tiny_model):
     assert upd["decode"]["shapes"]["max_new_tokens"] == 4096  # actor.sampling.max_new_tokens
 
 
+@pytest.mark.slow
+def test_attention_backend_reaches_the_compiled_update(tiny_model):
+    """``--set=actor.attention=...`` reaches the compiled actor_update; ``auto`` is splash on a TPU topology."""
+    _need_libtpu()
+    base = [*_small(tiny_model), "--seq_len=256", "--rows=4", "--micro_batches=1", "--functions=actor_update"]
+    got = {}
+    for choice in ("xla", "splash", "auto"):
+        p, lines = _run([*base, f"--set=actor.attention={choice}"])
+        assert p.returncode == 0 and len(lines) == 1, p.stderr[-3000:]
+        assert lines[0]["fits"] is True and "error" not in lines[0]
+        got[choice] = lines[0]["attention"]
+    assert got == {"xla": "xla", "splash": "splash", "auto": "auto -> splash"}
+
+
 @pytest.fixture(scope="module")
 def kv_model(tmp_path_factory):
     """Four layers with a TPU-shaped KV cache: 4 KV heads of 128 (a [.., 4, 128] tile, as Qwen2.5-7B's)."""

@@ -108,6 +108,16 @@ def base_config() -> ml_collections.ConfigDict:
     # (tensor-parallel; the rest of the role's devices hold replicas and split the rows). 0 = the fewest that keep
     # the copy under a quarter of a device's memory (1 = replicated where it fits). Refreshed after each update.
     c.actor.rollout_tensor = 0
+    # Sequence packing of the update batch (roles.packing): episodes share rows of the batch's bucketed length
+    # (segment ids keep them apart in attention), first-fit decreasing, instead of one episode per row padded to
+    # the longest. Exact (losses, subgroup statistics and gradients of the unpacked batch; per-sequence terms reduce
+    # over each token's episode) and never more rows or memory per micro-batch, so on by default; a mixture-of-experts
+    # model with moe_dispatch="capacity" cannot pack (its per-row expert capacity would change which tokens drop).
+    c.actor.pack = True
+    # Attention kernel of training / scoring forwards (models/attention.py): "auto" = by the platform compiled for
+    # (TPU: the Pallas splash kernel, NVIDIA GPU: cuDNN flash attention in bf16, CPU: "xla", the chunked reference);
+    # or force "xla" | "cudnn" | "splash" (a kernel that cannot run falls back to "xla" with a logged reason).
+    c.actor.attention = "auto"
 
     c.extractor = ml_collections.ConfigDict()
     c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
@@ -149,6 +159,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.param_dtype = "float32"  # as actor.param_dtype / dtype / rollout_tensor
     c.extractor.dtype = "bfloat16"
     c.extractor.rollout_tensor = 0
+    c.extractor.pack = True  # as actor.pack
+    c.extractor.attention = "auto"  # as actor.attention
     c.extractor.train = True  # False: a frozen extractor (Static Online Exp., Offline Exp., and the baseline)
 
     c.bank = ml_collections.ConfigDict()

@@ -41,11 +41,18 @@ ADDED_KEYS = {
     "extractor.param_dtype": "float32",
     "extractor.dtype": "float32",
     "extractor.rollout_tensor": 0,
+    # runs before issue 30 ran the chunked XLA attention everywhere; "auto" picks it on CPU and a kernel with the
+    # same math elsewhere (a run-time choice, like the mesh)
+    "actor.attention": "auto",
+    "extractor.attention": "auto",
     # runs before issue 28: evaluation played min(eval_tasks, ...) tasks, the offline bank was not deduplicated
     "train.eval_full_splits": False,
     "bank.offline_dedup": 0.0,
     # runs before issue 28's producer-consumer distillation applied a step's lessons within the step
     "extractor.distill_overlap": "update",
+    # runs before issue 30's sequence packing trained on one episode per row
+    "actor.pack": False,
+    "extractor.pack": False,
 }
 
 

@@ -173,7 +173,7 @@ class Trainer:
         section = getattr(self.config, name)
         model = load_model(
             section.model, role=name, tokenizer=tok, seed=seed, mesh=mesh,
-            param_dtype=section.param_dtype, dtype=section.dtype,
+            param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention,
         )  # fmt: skip
         return roles.build_role(model, name, section, loss, rows, mesh)
 

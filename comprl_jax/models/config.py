@@ -15,11 +15,17 @@ from typing import Any
 ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
 # Token dispatch of the mixture-of-experts layers (``models.moe``): "dropless" is exact (every token reaches its
 # top-k experts); "capacity" gives each expert a fixed number of slots per batch row (GShard style, expert
-# parallel under a mesh) and drops assignments past it.
-MOE_DISPATCH = ("dropless", "capacity")
+# parallel under a mesh) and drops assignments past it; "gmm" is exact too: tokens sorted by expert over the whole
+# local batch, the expert matmuls through the megablox grouped matmul on TPU (``jax.lax.ragged_dot`` elsewhere), and
+# under a mesh with an expert axis an all-to-all token exchange in ``shard_map``; "gmm_interpret" is "gmm" with the
+# Pallas kernel in interpret mode on any platform (CPU tests of the TPU kernel).
+MOE_DISPATCH = ("dropless", "capacity", "gmm", "gmm_interpret")
 # RoPE scaling types implemented in ``layers.rope_inv_freq`` ("default" = none).
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "bfloat16", "float16")
+# Attention kernel of the full-sequence forward (``models.attention``): "auto" picks by the platform compiled for
+# (TPU: splash, GPU: cudnn in bf16/f16, else xla); "xla" is the portable reference.
+ATTENTION = ("auto", "xla", "cudnn", "splash")
 
 # Keys of HF configs that do not change the math of this decoder (bookkeeping, generation defaults, training-only
 # options). Anything outside this set and the keys read below is rejected, so a new architectural knob is never
@@ -132,8 +138,12 @@ class ModelConfig:
         ``intermediate_size``.
       router_aux_loss_coef: the checkpoint's load-balancing coefficient (kept for round trips; the RL update has
         its own switch, off by default).
-      moe_dispatch: "dropless" (exact) or "capacity" (``capacity_factor`` x the even share of slots per expert
-        and batch row; assignments past it are dropped). Not part of the checkpoint: a run-time choice.
+      moe_dispatch: "dropless" (exact), "capacity" (``capacity_factor`` x the even share of slots per expert
+        and batch row; assignments past it are dropped), or "gmm" / "gmm_interpret" (exact: grouped matmul, the
+        megablox kernel on TPU, expert-parallel all-to-all under a mesh; see :data:`MOE_DISPATCH`). Not part of
+        the checkpoint: a run-time choice.
+      attention: the full-sequence forward's attention backend, one of :data:`ATTENTION` (``models.attention``).
+        Not part of the checkpoint: a run-time choice (never written to config.json).
     """
 
     arch: str
@@ -162,6 +172,7 @@ class ModelConfig:
     router_aux_loss_coef: float = 0.0
     moe_dispatch: str = "dropless"
     capacity_factor: float = 1.25
+    attention: str = "auto"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -178,6 +189,8 @@ class ModelConfig:
         for key in ("param_dtype", "dtype"):
             if getattr(self, key) not in DTYPES:
                 raise ValueError(f"ModelConfig.{key}={getattr(self, key)!r}; use one of {DTYPES}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"ModelConfig.attention={self.attention!r}; use one of {ATTENTION}")
         if self.rope_scaling is not None:
             kind = dict(self.rope_scaling).get("rope_type")
             if kind not in ROPE_TYPES or kind == "default":

@@ -234,6 +234,8 @@ class Decoder(nnx.Module):
         segment_ids=None,
     ):
         """See :func:`forward`."""
+        from comprl_jax.models import attention  # the backends of this forward (cfg.attention)
+
         cfg = self.cfg
         t = tokens.shape[1]
         cos, sin = L.rope_cos_sin(cfg, positions)
@@ -244,7 +246,10 @@ class Decoder(nnx.Module):
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            attn = L.attention(q, k, v, q_pos, valid, causal=True, segment_ids=segment_ids)
+            if cfg.attention == "xla":
+                attn = L.attention(q, k, v, q_pos, valid, causal=True, segment_ids=segment_ids)
+            else:  # the platform's kernel (models.attention: cudnn / splash, or xla where none runs)
+                attn = attention.causal_attention(q, k, v, valid, segment_ids, backend=cfg.attention)
             x, stats = _finish(cfg, p, x, attn, valid)
             return constrain_batch(x), stats
 

@@ -4,7 +4,7 @@ Numerics follow ``transformers``' ``Qwen3MoeSparseMoeBlock``: router logits ``x 
 all ``E`` experts, top-k (ties to the lower expert id), optional renormalisation of the k weights
 (``norm_topk_prob``), and ``sum_k w_k * expert_k(x)`` with expert ``SwiGLU(x) = down(silu(gate x) * up x)``.
 
-Two dispatches, both static-shaped (one compilation per input shape):
+Three dispatches, all static-shaped (one compilation per input shape):
 
 * ``"dropless"`` (exact, the default): each batch row's ``T * k`` (token, expert) assignments are sorted by expert
   and the experts run as one grouped matmul (``jax.lax.ragged_dot_general`` with per-row group sizes ``[B, E]``;
@@ -16,11 +16,25 @@ Two dispatches, both static-shaped (one compilation per input shape):
   under a mesh, is moved from the batch layout to the expert layout (``sharding.expert_parallel_spec``: the
   all-to-all of expert parallelism), run through each device's own experts, and moved back.
 
+* ``"gmm"`` (exact, for accelerators): the ``B * T * k`` assignments of the whole local batch are sorted by
+  expert and the SwiGLU matmuls run as 2-D grouped matmuls: on TPU the Pallas megablox kernel
+  (``jax.experimental.pallas.ops.tpu.megablox.gmm``, whose custom VJP runs ``gmm`` / ``tgmm`` for the backward),
+  elsewhere ``jax.lax.ragged_dot`` (chosen at lowering time by ``jax.lax.platform_dependent``, so an AOT compile
+  for TPU from a CPU host gets the kernel). ``"gmm_interpret"`` runs the same kernel in Pallas interpret mode on
+  any platform (CPU tests). Under an ambient mesh the layer runs in ``jax.shard_map``: each device sorts its own
+  tokens; with an ``expert`` mesh axis (expert parallelism) the sorted assignments are exchanged with an
+  all-to-all to the devices holding their experts, computed there against the local experts only, and sent back
+  with a second all-to-all; the expert width stays split over ``tensor`` (partial sums ``psum``-ed). The
+  exchange buffer is static and dropless: ``P x`` (local assignments) rows per device for ``P`` expert shards,
+  i.e. the worst case (every assignment to one device), of which the kernel computes only the filled rows
+  (its grid follows the group sizes). Without a mesh (or when a shape does not divide) it runs locally.
+
 Padding tokens (``valid`` false) never take capacity and are left out of the routing statistics.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -129,6 +143,182 @@ def _dropless(cfg: ModelConfig, p: dict, x: jax.Array, ids: jax.Array) -> jax.Ar
     return jnp.take_along_axis(ys, inverse[..., None], axis=1).reshape(b, t, k, d)
 
 
+# --- "gmm" dispatch: sorted tokens, grouped matmuls (megablox on TPU), expert-parallel all-to-all ---------------
+
+# Tile edge of the megablox kernel's (m, k, n) tiling. The TPU kernel needs blocks of whole (8, 128) tiles or whole
+# array dimensions: a dimension below the tile is taken whole, a longer one that is not a multiple is masked by the
+# kernel (k, n) or padded here (m).
+GMM_TILE = 128
+
+
+def _megablox_gmm(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, interpret: bool) -> jax.Array:
+    from jax.experimental.pallas.ops.tpu.megablox import gmm  # the custom-VJP op (gmm / tgmm backward)
+
+    m, kd = lhs.shape
+    n = rhs.shape[2]
+    tm = min(GMM_TILE, -(-m // 16) * 16)
+    mp = -(-m // tm) * tm
+    lhs_p = jnp.pad(lhs, ((0, mp - m), (0, 0))) if mp != m else lhs
+    tiling = (tm, min(GMM_TILE, kd), min(GMM_TILE, n))
+    # positional: the op's non-differentiable arguments (dtype, tiling, transpose_rhs, interpret) are static
+    out = gmm(lhs_p, rhs, sizes, lhs.dtype, tiling, None, None, False, interpret)
+    return out[:m]
+
+
+def _grouped_matmul(lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, kernel: str) -> jax.Array:
+    """``lhs [M, K]`` (rows grouped by expert, contiguous, ``sizes [G]`` int32, ``sum(sizes) <= M``) x
+    ``rhs [G, K, N]`` -> ``[M, N]`` in ``lhs.dtype``; rows past ``sum(sizes)`` are zero.
+
+    kernel: "interpret" (the megablox kernel in Pallas interpret mode) or "auto" (the kernel on TPU,
+    ``jax.lax.ragged_dot`` on other platforms, resolved when lowering)."""
+    rhs = rhs.astype(lhs.dtype)
+    if kernel == "interpret":
+        out = _megablox_gmm(lhs, rhs, sizes, interpret=True)
+    else:
+        out = jax.lax.platform_dependent(
+            lhs,
+            rhs,
+            sizes,
+            tpu=functools.partial(_megablox_gmm, interpret=False),
+            default=lambda a, b, g: jax.lax.ragged_dot(a, b, g),
+        )
+    # the kernel leaves rows past the last group unwritten: zero them (their cotangent is then zero too)
+    rows = jnp.arange(lhs.shape[0], dtype=jnp.int32) < jnp.sum(sizes)
+    return jnp.where(rows[:, None], out, jnp.zeros((), out.dtype))
+
+
+def _expert_swiglu(xs, sizes, gate, up, down, kernel: str) -> jax.Array:
+    """SwiGLU of each expert over its contiguous rows: ``xs [M, D]`` -> ``[M, D]`` (rows past the groups: 0)."""
+    h = jax.nn.silu(_grouped_matmul(xs, gate, sizes, kernel)) * _grouped_matmul(xs, up, sizes, kernel)
+    return _grouped_matmul(h, down, sizes, kernel)
+
+
+def _gmm_local(x2: jax.Array, ids2: jax.Array, gate, up, down, kernel: str) -> jax.Array:
+    """Every assignment of ``x2 [N, D]`` / ``ids2 [N, k]`` through its expert on this device (all ``E`` experts
+    here) -> ``[N, k, D]``."""
+    n, d = x2.shape
+    k, e = ids2.shape[1], gate.shape[0]
+    flat = ids2.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+    ys = _expert_swiglu(x2[order // k], sizes, gate, up, down, kernel)
+    return jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(n, k, d)
+
+
+# The token exchange: None = ``jax.lax.ragged_all_to_all`` on TPU (only the filled rows travel) and a dense
+# ``all_to_all`` of the whole static blocks elsewhere (XLA:CPU has no ragged all-to-all); True = ragged everywhere
+# (tests substitute a reference of its documented semantics on CPU). Both give the same result.
+RAGGED_EXCHANGE: bool | None = None
+
+
+def _exchange(buf, fill, send_sizes, recv_sizes, ep, num_shards: int):
+    """``buf [P * S, ...]`` holds block ``j`` (rows ``[j S, j S + send_sizes[j])``, the rest ``fill``) for shard
+    ``j`` of the ``ep`` axes; returns ``[P * S, ...]`` whose block ``j`` is what shard ``j`` sent here
+    (``recv_sizes[j]`` rows, the rest ``fill``)."""
+    s = buf.shape[0] // num_shards
+
+    def dense(b, *_):
+        return jax.lax.all_to_all(b, ep, 0, 0, tiled=True)
+
+    def ragged(b, send, recv):
+        starts = jnp.arange(num_shards, dtype=jnp.int32) * s
+        here = jnp.full(
+            (num_shards,), jax.lax.axis_index(ep) * s, jnp.int32
+        )  # where my block lands on a peer
+        return jax.lax.ragged_all_to_all(b, jnp.full_like(b, fill), starts, send, here, recv, axis_name=ep)
+
+    if RAGGED_EXCHANGE:
+        return ragged(buf, send_sizes, recv_sizes)
+    return jax.lax.platform_dependent(buf, send_sizes, recv_sizes, tpu=ragged, default=dense)
+
+
+def _gmm_expert_parallel(x2, ids2, gate, up, down, kernel: str, ep, num_shards: int) -> jax.Array:
+    """Inside ``shard_map``: this device's assignments to the devices of the ``ep`` mesh axes holding their experts
+    (``gate.shape[0]`` local experts each, shard ``r`` holding experts ``[r E_loc, (r + 1) E_loc)``), computed
+    there, and back. Exact: each destination gets a static block of ``N k`` rows (the worst case), so nothing
+    can overflow."""
+    n, d = x2.shape
+    k, e_loc = ids2.shape[1], gate.shape[0]
+    nk = n * k
+    flat = ids2.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # by expert, hence by destination shard
+    sid = flat[order]
+    dest = sid // e_loc
+    counts = jnp.bincount(dest, length=num_shards)
+    rank = jnp.arange(nk, dtype=jnp.int32) - (jnp.cumsum(counts) - counts)[dest]
+    slot = (dest * nk + rank).astype(jnp.int32)  # row of the send buffer [P * N k]
+    send = jnp.zeros((num_shards * nk, d), x2.dtype).at[slot].set(x2[order // k], unique_indices=True)
+    local_e = sid - dest * e_loc
+    send_e = jnp.full((num_shards * nk,), e_loc, jnp.int32).at[slot].set(local_e, unique_indices=True)
+    counts = counts.astype(jnp.int32)
+    counts_in = jax.lax.all_to_all(counts, ep, 0, 0, tiled=True)  # rows each shard sends here
+    # block j of recv: what shard j sent here (its empty rows: zeros, and expert E_loc in recv_e)
+    recv = _exchange(send, 0, counts, counts_in, ep, num_shards)
+    recv_e = _exchange(send_e, e_loc, counts, counts_in, ep, num_shards)
+    lorder = jnp.argsort(recv_e, stable=True)  # by local expert; empty rows last
+    sizes = jnp.bincount(recv_e, length=e_loc + 1)[:e_loc].astype(jnp.int32)
+    ys = _expert_swiglu(recv[lorder], sizes, gate, up, down, kernel)  # empty rows: 0
+    back = jnp.zeros_like(ys).at[lorder].set(ys, unique_indices=True)
+    back = _exchange(back, 0, counts_in, counts, ep, num_shards)  # [P * N k] in this device's send layout
+    return jnp.zeros((nk, d), ys.dtype).at[order].set(back[slot], unique_indices=True).reshape(n, k, d)
+
+
+def _mesh_axes(mesh, name: str) -> tuple[str, ...]:
+    target = dict(sharding.DEFAULT_RULES).get(name)
+    targets = (target,) if isinstance(target, str) else tuple(target or ())
+    return tuple(a for a in targets if mesh.shape.get(a, 1) > 1)
+
+
+def _entry(axes: tuple[str, ...]):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def _gmm(cfg: ModelConfig, p: dict, x: jax.Array, ids: jax.Array) -> jax.Array:
+    """The ``"gmm"`` dispatch: x ``[B, T, D]``, ids ``[B, T, k]`` -> per-assignment outputs ``[B, T, k, D]``."""
+    b, t, d = x.shape
+    k, e = cfg.num_experts_per_tok, cfg.num_experts
+    kernel = "interpret" if cfg.moe_dispatch == "gmm_interpret" else "auto"
+    gate, up, down = (p[n] for n in ("expert_gate", "expert_up", "expert_down"))
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        rows, ep, tp = _mesh_axes(mesh, "batch"), _mesh_axes(mesh, "expert"), _mesh_axes(mesh, "mlp")
+        n_rows, n_ep, n_tp = (math.prod(mesh.shape[a] for a in axes) for axes in (rows, ep, tp))
+        if (
+            set(ep) <= set(rows)
+            and not set(tp) & set(rows)
+            and b % n_rows == 0
+            and e % n_ep == 0
+            and cfg.moe_intermediate_size % n_tp == 0
+        ):
+            xs_spec = PartitionSpec(_entry(rows))
+            w_in = PartitionSpec(
+                _entry(ep), None, _entry(tp)
+            )  # [E, D, F]: experts over ep, width over tensor
+            w_out = PartitionSpec(_entry(ep), _entry(tp), None)  # [E, F, D]
+
+            def body(xl, il, g, u, dn):
+                bl = xl.shape[0]
+                x2, i2 = xl.reshape(bl * t, d), il.reshape(bl * t, k)
+                if n_ep > 1:
+                    per = _gmm_expert_parallel(x2, i2, g, u, dn, kernel, _entry(ep), n_ep)
+                else:
+                    per = _gmm_local(x2, i2, g, u, dn, kernel)
+                if tp:  # each tensor shard holds a slice of the expert width: partial sums of the down matmul
+                    per = jax.lax.psum(per, _entry(tp))
+                return per.reshape(bl, t, k, d)
+
+            return jax.shard_map(
+                body,
+                in_specs=(xs_spec, xs_spec, w_in, w_in, w_out),
+                out_specs=xs_spec,
+                check_vma=False,  # the megablox pallas_call declares no varying-axes types
+            )(x, ids, gate.astype(x.dtype), up.astype(x.dtype), down.astype(x.dtype))
+    gate = _gathered_weight(gate, (None, None, "mlp"))
+    up = _gathered_weight(up, (None, None, "mlp"))
+    down = _gathered_weight(down, (None, "mlp", None))
+    return _gmm_local(x.reshape(b * t, d), ids.reshape(b * t, k), gate, up, down, kernel).reshape(b, t, k, d)
+
+
 def _slots(ids: jax.Array, valid: jax.Array, e: int, c: int) -> jax.Array:
     """Capacity slots of one row: ids ``[T, k]``, valid ``[T]`` -> slot ``e * C + rank`` per assignment ``[T, k]``,
     or ``E * C`` (dropped / padding). Priority: choice rank first (all first choices), then token order."""
@@ -182,6 +372,9 @@ def moe_mlp(cfg: ModelConfig, p: dict, x: jax.Array, valid: jax.Array):
     probs, weights, ids = route(cfg, p["router"], x)
     if cfg.moe_dispatch == "dropless":
         per = _dropless(cfg, p, x, ids)
+        kept = jnp.ones(ids.shape, bool)
+    elif cfg.moe_dispatch in ("gmm", "gmm_interpret"):
+        per = _gmm(cfg, p, x, ids)
         kept = jnp.ones(ids.shape, bool)
     else:
         per, kept = _capacity(cfg, p, x, ids, valid)

@@ -115,11 +115,13 @@ def load_model(
     tiny_overrides: dict | None = None,
     param_dtype: str = "float32",
     dtype: str = "float32",
+    attention: str = "auto",
 ) -> LoadedModel:
     """Builds one model by spec (see module docstring). ``tokenizer`` is required for the :data:`TINY_SPECS`
     (ignored otherwise: real models bring their own). ``param_dtype`` / ``dtype``: master weights and compute
-    (config keys ``{role}.param_dtype`` / ``{role}.dtype``), whatever the checkpoint stores."""
-    precision = {"param_dtype": param_dtype, "dtype": dtype}
+    (config keys ``{role}.param_dtype`` / ``{role}.dtype``), whatever the checkpoint stores. ``attention``: the
+    forward's attention backend (``{role}.attention``, ``models.attention``; a run-time choice, not stored)."""
+    precision = {"param_dtype": param_dtype, "dtype": dtype, "attention": attention}
     if spec in TINY_SPECS:
         if tokenizer is None:
             raise ValueError(f"{role}.model={spec!r} needs the run's tiny tokenizer")

@@ -23,6 +23,23 @@ key                 shape, dtype  meaning
 Token 0 of a row has no prediction (nothing precedes it): its logprob is defined as 0 and it must not be in
 ``loss_mask``.
 
+**Packed layout** (sequence packing, :mod:`comprl_jax.roles.packing`): several episodes share a row. The ``[B, T]``
+keys above are then ``[R, L]`` (packed rows; ``positions`` restart at 0 per segment, token 0 of every segment out
+of ``loss_mask``), the per-row keys ``[B]`` move into ``batch["episodes"]`` as ``[E]`` per-episode arrays, and two
+keys map tokens to episodes:
+
+==================  ============  ==========================================================================
+``segment_ids``     [R, L] int32  0 = padding, 1, 2, ... = the row's segments (the model's attention mask)
+``episode``         [R, L] int32  the token's episode: an index into the ``episodes`` arrays (padding: any)
+``episodes``        {key: [E]}    ``advantages``, ``subgroup``, ``sample_weight``, ``sft_row``, ... per episode
+==================  ============  ==========================================================================
+
+Every per-sequence quantity (sequence lengths, the sequence log-ratio, per-subgroup cells, per-episode metrics) is a
+reduction over the episode index (:class:`Episodes`: ``jax.ops.segment_sum`` into ``[E]``) and is broadcast back
+to tokens by a gather, so a packed batch gives the unpacked batch's losses, metrics and gradients. The update never
+splits ``episodes`` over micro-batches: each micro-batch sees all of them and counts an episode's per-episode
+metrics only where the episode has tokens (:attr:`Episodes.present`).
+
 Exact micro-batching: every aggregation (token mean, sequence mean, per-subgroup mean) is a *weighted sum*
 ``Σ_bt w_bt ℓ_bt`` whose weights depend only on the masks of the **full** batch. :func:`aggregation_weights`
 computes them once, before the batch is split; each micro-batch then contributes a plain sum, so summing
@@ -47,6 +64,10 @@ RATIOS = ("token", "sequence")
 SUBGROUP_NAMES = ("free", "guided")
 TOKEN_WEIGHT = "token_weight"  # batch keys the update step adds: [B, T] full-batch aggregation weights
 SFT_WEIGHT = "sft_weight"
+# The packed layout (module docstring): segment ids and episode index per token, per-episode arrays.
+SEGMENT_IDS = "segment_ids"
+EPISODE = "episode"
+EPISODES = "episodes"
 # Loss fields the trainer derives from other config keys (not set in c.<role>.loss).
 DERIVED_FIELDS = {"sft_coef": "actor.self_distill_coef (only when self-distillation rows exist)"}
 
@@ -202,7 +223,63 @@ def chunked_token_logprobs(head_fn, hidden, tokens, chunk: int, compute_entropy:
     return unchunk_shift(lp), (unchunk_shift(ent) if compute_entropy else None)
 
 
-def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", subgroup_mean: bool = False):
+def is_packed(batch) -> bool:
+    """Whether ``batch`` has the packed layout (several episodes per row; module docstring)."""
+    return EPISODES in batch
+
+
+def per_episode(batch, key: str):
+    """The per-episode array ``key``: ``[B]`` of the row layout, ``[E]`` of the packed one."""
+    return batch[EPISODES][key] if is_packed(batch) else batch[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """How a (micro-)batch's tokens map to its episodes.
+
+    Row layout (``episode is None``): episode b = row b, ``E = B``; a per-episode sum is a row sum. Packed layout:
+    ``episode [R, L]`` indexes ``E`` episodes; a per-episode sum is a ``segment_sum`` over it (an episode never
+    spans rows, so a micro-batch holds each of its episodes whole).
+
+    Attributes:
+      episode: ``[R, L]`` int32, or None for the row layout.
+      present: ``[E]`` float32, 1 for episodes with a token in this (micro-)batch (row layout: every row).
+      num: ``E``.
+    """
+
+    episode: jax.Array | None
+    present: jax.Array
+    num: int
+
+    @classmethod
+    def of(cls, batch, like) -> Episodes:
+        """The map of ``batch``; ``like``: one of its ``[R, T]`` arrays (the loss mask)."""
+        if not is_packed(batch):
+            return cls(None, jnp.ones(like.shape[:1], jnp.float32), like.shape[0])
+        episode = jnp.asarray(batch[EPISODE], jnp.int32)
+        num = jnp.shape(batch[EPISODES]["advantages"])[0]
+        valid = (jnp.asarray(batch[SEGMENT_IDS]) > 0).astype(jnp.float32)
+        present = jax.ops.segment_sum(valid.reshape(-1), episode.reshape(-1), num) > 0
+        return cls(episode, present.astype(jnp.float32), num)
+
+    def sum(self, x):
+        """``[R, T] -> [E]``: each episode's sum of a per-token array."""
+        if self.episode is None:
+            return x.sum(-1)
+        return jax.ops.segment_sum(x.reshape(-1), self.episode.reshape(-1), self.num)
+
+    def spread(self, v):
+        """``[E] ->`` each token's episode's value (``[R, T]``; row layout: ``[B, 1]``, broadcasting)."""
+        return v[:, None] if self.episode is None else v[self.episode]
+
+
+def aggregation_weights(
+    loss_mask,
+    subgroup=None,
+    loss_agg: str = "token_mean",
+    subgroup_mean: bool = False,
+    episodes: Episodes | None = None,
+):
     """Per-token weights ``w [B, T]`` such that the aggregated loss is ``Σ_bt w_bt ℓ_bt`` (full batch).
 
     * ``token_mean``: ``w = m / Σ m`` (within the cell).
@@ -212,21 +289,24 @@ def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", 
 
     Args:
       loss_mask: ``[B, T]`` {0, 1}.
-      subgroup: ``[B]`` int (needed when ``subgroup_mean``).
+      subgroup: ``[B]`` int (needed when ``subgroup_mean``); ``[E]`` per episode for a packed batch.
+      episodes: the packed batch's :class:`Episodes` (None: one episode per row).
     Returns:
       ``[B, T]`` float32, summing to 1 (or 0 for an empty mask).
     """
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     m = jnp.asarray(loss_mask, jnp.float32)
-    lengths = m.sum(-1)  # [B]
+    if episodes is None:
+        episodes = Episodes(None, jnp.ones(m.shape[:1], jnp.float32), m.shape[0])
+    lengths = episodes.sum(m)  # [E]: the sequence lengths, whatever the layout
     if subgroup_mean:
         if subgroup is None:
             raise ValueError("subgroup_mean=True needs the batch key 'subgroup'")
         cells = jnp.asarray(subgroup, jnp.int32)
         num_cells = NUM_SUBGROUPS
     else:
-        cells = jnp.zeros(m.shape[:1], jnp.int32)
+        cells = jnp.zeros(lengths.shape, jnp.int32)
         num_cells = 1
     row_w = jnp.zeros_like(lengths)
     present = jnp.zeros((), jnp.float32)
@@ -240,20 +320,23 @@ def aggregation_weights(loss_mask, subgroup=None, loss_agg: str = "token_mean", 
             w_c = 1.0 / (jnp.maximum(den, 1.0) * jnp.maximum(lengths, 1.0))
         row_w = row_w + jnp.where(in_c, w_c, 0.0)
         present = present + (den > 0)
-    return m * (row_w / jnp.maximum(present, 1.0))[:, None]
+    return m * episodes.spread(row_w / jnp.maximum(present, 1.0))
 
 
 def _masked_pair(x, m):
     return jnp.sum(x * m), jnp.sum(m)
 
 
-def _log_ratio(logp, old_logp, m, mode: str):
-    """log ρ per token: per-token, or the row's length-normalised sequence log-ratio broadcast to its tokens."""
+def _log_ratio(logp, old_logp, m, mode: str, episodes: Episodes | None = None):
+    """log ρ per token: per-token, or the episode's length-normalised sequence log-ratio broadcast to its tokens
+    (``episodes``: a packed batch's map; None: one episode per row)."""
     lr = (logp - old_logp) * m
     if mode == "token":
         return lr
-    seq = lr.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
-    return seq[:, None] * m
+    if episodes is None:
+        episodes = Episodes(None, jnp.ones(m.shape[:1], jnp.float32), m.shape[0])
+    seq = episodes.sum(lr) / jnp.maximum(episodes.sum(m), 1.0)
+    return episodes.spread(seq) * m
 
 
 def ppo_clip_token_loss(ratio, adv, clip_eps: float):
@@ -281,31 +364,34 @@ def actor_loss(logp, entropy, batch, cfg: ActorLossConfig):
       ``(loss scalar, metrics: dict[str, (num, den)])``.
     """
     m = jnp.asarray(batch["loss_mask"], jnp.float32)
-    sg = jnp.asarray(batch["subgroup"], jnp.int32)
-    sft = jnp.asarray(batch["sft_row"], jnp.float32) if cfg.sft_coef > 0 else jnp.zeros(m.shape[:1])
-    m_pg = m * (1.0 - sft)[:, None]
+    eps = Episodes.of(batch, m)
+    sg = jnp.asarray(per_episode(batch, "subgroup"), jnp.int32)
+    sft = jnp.asarray(per_episode(batch, "sft_row"), jnp.float32) if cfg.sft_coef > 0 else jnp.zeros(eps.num)
+    m_pg = m * eps.spread(1.0 - sft)
     if TOKEN_WEIGHT not in batch:
         batch = {**batch, **actor_token_weights(batch, cfg)}
     w = batch[TOKEN_WEIGHT]
-    adv = jnp.asarray(batch["advantages"], jnp.float32)[:, None]
-    log_ratio = _log_ratio(logp, batch["old_logprobs"], m_pg, cfg.ratio)
+    adv = jnp.asarray(per_episode(batch, "advantages"), jnp.float32)  # [E]
+    log_ratio = _log_ratio(logp, batch["old_logprobs"], m_pg, cfg.ratio, eps)
     ratio = jnp.exp(log_ratio)
-    tok_loss, clipped = ppo_clip_token_loss(ratio, adv, cfg.clip_eps)
+    tok_loss, clipped = ppo_clip_token_loss(ratio, eps.spread(adv), cfg.clip_eps)
     pg_loss = jnp.sum(w * tok_loss)
     metrics = {"pg_loss": (pg_loss, jnp.sum(w))}
     loss = pg_loss
     if cfg.sft_coef > 0:
-        m_sft = m * sft[:, None]
+        m_sft = m * eps.spread(sft)
         sft_loss = -jnp.sum(batch[SFT_WEIGHT] * logp)
         loss = loss + cfg.sft_coef * sft_loss
         metrics["sft_nll"] = _masked_pair(-logp, m_sft)
     metrics.update(_policy_metrics(log_ratio, clipped, entropy, m_pg))
+    lengths = eps.sum(m_pg)  # [E]
     for c, name in enumerate(SUBGROUP_NAMES):
-        in_c = ((sg == c) & (sft == 0)).astype(jnp.float32)
-        metrics[f"clipfrac_{name}"] = _masked_pair(clipped, m_pg * in_c[:, None])
-        metrics[f"adv_mean_{name}"] = _masked_pair(adv[:, 0], in_c)
-        metrics[f"adv_sq_{name}"] = _masked_pair(adv[:, 0] ** 2, in_c)
-        metrics[f"tokens_{name}"] = _masked_pair(m_pg.sum(-1), in_c)
+        in_c = ((sg == c) & (sft == 0)).astype(jnp.float32)  # [E]
+        here = in_c * eps.present  # per-episode metrics: counted in the micro-batch that holds the episode
+        metrics[f"clipfrac_{name}"] = _masked_pair(clipped, m_pg * eps.spread(in_c))
+        metrics[f"adv_mean_{name}"] = _masked_pair(adv, here)
+        metrics[f"adv_sq_{name}"] = _masked_pair(adv**2, here)
+        metrics[f"tokens_{name}"] = _masked_pair(lengths, here)
     return loss, metrics
 
 
@@ -313,21 +399,22 @@ def actor_token_weights(batch, cfg: ActorLossConfig):
     """Full-batch weights for the actor: ``{token_weight: [B, T]}`` for the PPO term (SFT rows excluded) and,
     with ``sft_coef > 0``, ``{sft_weight: [B, T]}`` (token mean over the SFT rows)."""
     m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    eps = Episodes.of(batch, m)
+    sub = per_episode(batch, "subgroup")
     if cfg.sft_coef <= 0:
-        return {TOKEN_WEIGHT: aggregation_weights(m, batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean)}
-    sft = jnp.asarray(batch["sft_row"], jnp.float32)[:, None]
+        return {TOKEN_WEIGHT: aggregation_weights(m, sub, cfg.loss_agg, cfg.subgroup_mean, eps)}
+    sft = eps.spread(jnp.asarray(per_episode(batch, "sft_row"), jnp.float32))
     m_sft = m * sft
     return {
-        TOKEN_WEIGHT: aggregation_weights(
-            m * (1.0 - sft), batch["subgroup"], cfg.loss_agg, cfg.subgroup_mean
-        ),
+        TOKEN_WEIGHT: aggregation_weights(m * (1.0 - sft), sub, cfg.loss_agg, cfg.subgroup_mean, eps),
         SFT_WEIGHT: m_sft / jnp.maximum(m_sft.sum(), 1.0),
     }
 
 
 def extractor_token_weights(batch, cfg: ExtractorLossConfig):
     """Full-batch weights for the extractor (one cell: all samples): ``{token_weight: [B, T]}``."""
-    return {TOKEN_WEIGHT: aggregation_weights(batch["loss_mask"], None, cfg.loss_agg, False)}
+    m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    return {TOKEN_WEIGHT: aggregation_weights(m, None, cfg.loss_agg, False, Episodes.of(batch, m))}
 
 
 def cispo_token_loss(logp, old_logp, adv, clip_eps: float, mask=None):
@@ -352,15 +439,16 @@ def extractor_loss(logp, entropy, batch, cfg: ExtractorLossConfig):
     advantages with ``sample_weight = 1`` -- never both, or the weights are applied twice.
     """
     m = jnp.asarray(batch["loss_mask"], jnp.float32)
+    eps = Episodes.of(batch, m)
     if TOKEN_WEIGHT not in batch:
         batch = {**batch, **extractor_token_weights(batch, cfg)}
     w = batch[TOKEN_WEIGHT]
-    raw_adv = jnp.asarray(batch["advantages"], jnp.float32)
-    sw = jnp.asarray(batch["sample_weight"], jnp.float32)
-    adv = (raw_adv * sw)[:, None]
+    raw_adv = jnp.asarray(per_episode(batch, "advantages"), jnp.float32)  # [E]
+    sw = jnp.asarray(per_episode(batch, "sample_weight"), jnp.float32)
+    adv = eps.spread(raw_adv * sw)
     tok_loss, was_clipped, is_w = cispo_token_loss(logp, batch["old_logprobs"], adv, cfg.clip_eps, m)
     loss = jnp.sum(w * tok_loss)
-    rows = jnp.ones_like(sw)
+    rows = eps.present  # per-sample metrics: counted in the micro-batch that holds the sample
     metrics = {
         "cispo_loss": (loss, jnp.sum(w)),
         "is_weight": _masked_pair(is_w, m),

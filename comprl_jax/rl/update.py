@@ -8,6 +8,12 @@ batch ``[B, ...]`` is viewed as ``[M, B/M, ...]`` *strided* (micro-batch m = row
 than contiguous so that, with the batch sharded over the ``(data, fsdp)`` axes, every device holds its share of
 every micro-batch and the split is a local reshape (needs ``B / num_batch_devices`` divisible by M). A
 ``lax.scan`` sums float32 gradients and metric (numerator, denominator) pairs; nothing is divided until the end.
+
+Packed batches (:mod:`comprl_jax.roles.packing`; the layout in :mod:`comprl_jax.rl.losses`): the rows are split the
+same way, ``segment_ids`` reach the model (a token attends only within its segment), and the per-episode arrays
+``batch["episodes"]`` are not split: every micro-batch sees all of them (the loss indexes them by each token's
+episode). With ``micro_rows`` the number of micro-batches is taken from the batch (``ceil(rows / micro_rows)``), so
+one update function serves packed batches of any bucketed row count.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from comprl_jax.rl.losses import (
+    EPISODES,
+    SEGMENT_IDS,
     accumulate_pairs,
     chunked_token_logprobs,
     finalize_metrics,
@@ -55,17 +63,36 @@ class ChunkedHead:
 
 def model_logprobs(logits_fn, params, mb, compute_entropy: bool = False):
     """``(logprobs [B, T], entropy or None)`` of ``mb["tokens"]``: through the full logits of a plain
-    ``logits_fn``, or chunk by chunk for a :class:`ChunkedHead`."""
+    ``logits_fn``, or chunk by chunk for a :class:`ChunkedHead`. A packed ``mb`` passes its ``segment_ids`` to the
+    model (``segment_ids=`` keyword); a segment's first token then gets a meaningless logprob, which the loss
+    never reads (it is out of ``loss_mask``)."""
+    kw = {"segment_ids": mb[SEGMENT_IDS]} if SEGMENT_IDS in mb else {}
     if isinstance(logits_fn, ChunkedHead):
-        hidden = logits_fn.hidden_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
+        hidden = logits_fn.hidden_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"], **kw)
         return chunked_token_logprobs(
             lambda h: logits_fn.head_fn(params, h), hidden, mb["tokens"], logits_fn.chunk, compute_entropy
         )
-    logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"])
+    logits = logits_fn(params, mb["tokens"], mb["positions"], mb["attn_mask"], **kw)
     return token_logprobs(logits, mb["tokens"], compute_entropy)
 
 
 MODEL_KEYS = ("tokens", "positions", "attn_mask", "loss_mask")
+
+
+def micro_batches_for(rows: int, micro_rows: int) -> int:
+    """Micro-batches of a ``rows``-row batch cut into at most ``micro_rows`` rows each (must divide evenly)."""
+    m = -(-rows // micro_rows)
+    if rows % m:
+        raise ValueError(
+            f"a batch of {rows} rows does not split into {m} micro-batches of <= {micro_rows} rows each"
+        )
+    return m
+
+
+def _num_micro(batch, num_micro_batches: int, micro_rows: int | None) -> int:
+    if micro_rows is None:
+        return num_micro_batches
+    return micro_batches_for(batch["tokens"].shape[0], micro_rows)
 
 
 def split_micro_batches(x: jax.Array, num_micro_batches: int) -> jax.Array:
@@ -95,7 +122,7 @@ def compute_logprobs(
     Used for ``old_logprobs`` (a forward pass with the pre-update parameters). Micro-batched with ``lax.map`` so
     only ``[B/M, T, V]`` logits are live at once.
     """
-    model_in = {k: batch[k] for k in MODEL_KEYS}
+    model_in = {k: batch[k] for k in MODEL_KEYS + (SEGMENT_IDS,) if k in batch}
     micro = _constrain_micro(
         jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), model_in), mesh, rules
     )
@@ -156,11 +183,18 @@ def accumulate_gradients(
       ``(grads: float32 tree like params, metrics: {name: (num, den)})`` summed over micro-batches.
     """
     _, weights_fn = loss_functions(cfg)
-    batch = {**batch, **weights_fn(batch, cfg)}
+    batch = {**batch, **weights_fn(batch, cfg)}  # per-sequence normalisation: over the full batch, once
+    episodes = batch.pop(EPISODES, None)  # packed: per-episode arrays, seen whole by every micro-batch
     micro = _constrain_micro(
         jax.tree.map(lambda x: split_micro_batches(x, num_micro_batches), batch), mesh, rules
     )
-    grad_fn = jax.grad(lambda p, mb: loss_and_metrics(logits_fn, cfg, p, mb), has_aux=True)
+
+    def loss_of(p, mb):
+        if episodes is not None:
+            mb = {**mb, EPISODES: episodes}
+        return loss_and_metrics(logits_fn, cfg, p, mb)
+
+    grad_fn = jax.grad(loss_of, has_aux=True)
 
     def pin(g):
         return g if grad_shardings is None else jax.lax.with_sharding_constraint(g, grad_shardings)
@@ -195,6 +229,7 @@ def make_update_fn(
     state_shardings: Any = None,
     rules=shd.DEFAULT_RULES,
     max_traces: int | None = None,
+    micro_rows: int | None = None,
 ):
     """The jitted update ``(state, batch) -> (state, metrics)``; ``state`` is donated.
 
@@ -206,6 +241,8 @@ def make_update_fn(
       mesh, state_shardings: with a mesh, the state's shardings
         (:func:`~comprl_jax.rl.train_state.train_state_shardings`); the batch is sharded over ``("batch",)``.
       max_traces: wrap in ``chex.assert_max_traces`` (1 = fail loudly on any recompile).
+      micro_rows: instead of ``num_micro_batches``: micro-batches of at most this many rows, their number taken
+        from each batch's row count (:func:`micro_batches_for`; packed batches of bucketed row counts).
     Returns:
       A ``jax.jit`` function; with a mesh wrapped to trace, lower and run under it
       (:class:`~comprl_jax.runtime.sharding.MeshFn`: the model's batch constraints act). ``metrics`` is a dict of float32 scalars: the loss terms, ``clipfrac``,
@@ -221,8 +258,9 @@ def make_update_fn(
     grad_shardings = None if state_shardings is None else state_shardings.params
 
     def update(state: TrainState, batch):
+        num = _num_micro(batch, num_micro_batches, micro_rows)
         grads, pairs = accumulate_gradients(
-            logits_fn, loss_cfg, state.params, batch, num_micro_batches, mesh, rules, grad_shardings
+            logits_fn, loss_cfg, state.params, batch, num, mesh, rules, grad_shardings
         )
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -253,11 +291,14 @@ def make_logprob_fn(
     mesh: Mesh | None = None,
     param_shardings: Any = None,
     rules=shd.DEFAULT_RULES,
+    micro_rows: int | None = None,
 ):
-    """Jitted :func:`compute_logprobs`: ``(params, batch) -> old_logprobs [B, T]`` (batch-sharded with a mesh)."""
+    """Jitted :func:`compute_logprobs`: ``(params, batch) -> old_logprobs [B, T]`` (batch-sharded with a mesh);
+    ``micro_rows`` as for :func:`make_update_fn`."""
 
     def fn(params, batch):
-        return compute_logprobs(logits_fn, params, batch, num_micro_batches, mesh, rules)
+        num = _num_micro(batch, num_micro_batches, micro_rows)
+        return compute_logprobs(logits_fn, params, batch, num, mesh, rules)
 
     if mesh is None:
         return jax.jit(fn)

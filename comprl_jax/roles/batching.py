@@ -2,7 +2,8 @@
 
 The trainer hands the RL update exactly the tokens the sampler produced: per sequence a list of token ids and a
 same-length 0/1 mask of the tokens the model generated (assistant tokens of every turn). Packing pads on the right
-to a bucketed length so the jitted update compiles once per bucket.
+to a bucketed length so the jitted update compiles once per bucket. With ``{role}.pack`` the update re-lays these rows
+into shared rows of the same length (:mod:`comprl_jax.roles.packing`) before each optimizer step.
 """
 
 from __future__ import annotations

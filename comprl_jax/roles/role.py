@@ -12,6 +12,9 @@ batch. Both roles train off-policy-correctly:
   weights (~1e-6 in float32: a larger value means the two code paths disagree);
 * the extractor's ``old_logprobs`` are the behaviour log-probabilities of the weights that *wrote* each sample
   (it may have waited through several updates in the buffer), so CISPO's importance weight is the real one.
+
+With ``{role}.pack`` each optimizer step's episodes are packed into shared rows (:mod:`comprl_jax.roles.packing`)
+after the batch is cut into its strided mini-batches: same losses, metrics and gradients, fewer padded rows.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from comprl_jax.rl import (
     train_state_shardings,
 )
 from comprl_jax.rl import update as update_lib
-from comprl_jax.rl.losses import is_max_metric
+from comprl_jax.rl.losses import EPISODE, EPISODES, SEGMENT_IDS, is_max_metric
 from comprl_jax.rl.update import ChunkedHead
+from comprl_jax.roles import packing
 from comprl_jax.roles.role_config import RoleConfig
 from comprl_jax.runtime import distributed as dist
 from comprl_jax.runtime import sharding as shd
@@ -69,6 +73,10 @@ class Role:
     # An update whose sampler refresh was deferred (dispatch_update(refresh=False)): its outputs, until
     # apply_refresh; meanwhile the sampler keeps sampling with the weights before it.
     deferred: Any = None
+    # Sequence packing ({name}.pack): rows per micro-batch, and the batch devices each micro-batch's rows split over.
+    pack: bool = False
+    micro_rows: int = 0
+    row_multiple: int = 1
 
     def refresh_sampler(self, updated) -> None:
         """Gives the sampler a fresh copy of the trained weights (cast and laid out for decoding); ``updated``:
@@ -154,18 +162,26 @@ def build_role(model: LoadedModel, name: str, cfg: RoleConfig, loss_cfg, rows: i
             f"batch is split over (mesh.data x mesh.fsdp of its mesh {dict(mesh.shape)}); raise "
             f"{name}.micro_batch, or put devices on mesh.tensor / use fewer with mesh.num_devices"
         )
-    micro = rows // cfg.micro_batch
+    pack = getattr(cfg, "pack", False)
+    if pack and model.cfg.num_experts and model.cfg.moe_dispatch == "capacity":
+        raise ValueError(
+            f"config key {name}.pack=True with {name}.model's moe_dispatch='capacity': an expert's capacity is per "
+            f"batch row, so packing would change which tokens are dropped; set {name}.pack=False or use the "
+            "dropless dispatch"
+        )
     tx = make_optimizer(cfg.optim)
     state = create_train_state(model.params, tx, mesh)
     frozen = frozen_layers(model, name, cfg.trainable_layers)
     logits_fn = scorer(model.graphdef, cfg.remat, cfg.logits_chunk, frozen)
     shardings = None if mesh is None else train_state_shardings(state, mesh)
+    # Micro-batches of micro_batch rows, their number taken from each batch (rows // micro_batch unpacked; fewer
+    # for a packed batch's bucketed rows).
     update = make_update_fn(
-        logits_fn, loss_cfg, tx, num_micro_batches=micro, mesh=mesh, state_shardings=shardings
+        logits_fn, loss_cfg, tx, micro_rows=cfg.micro_batch, mesh=mesh, state_shardings=shardings
     )
     logprobs = make_logprob_fn(
         logits_fn,
-        num_micro_batches=micro,
+        micro_rows=cfg.micro_batch,
         mesh=mesh,
         param_shardings=None if shardings is None else shardings.params,
     )
@@ -183,13 +199,33 @@ def build_role(model: LoadedModel, name: str, cfg: RoleConfig, loss_cfg, rows: i
         pad_id=tok.pad_id,
         mesh=layout.mesh,
     )
-    return Role(name, model, state, update, logprobs, sampler, mesh, rows, layout)
+    return Role(
+        name, model, state, update, logprobs, sampler, mesh, rows, layout,
+        pack=pack, micro_rows=cfg.micro_batch, row_multiple=nb,
+    )  # fmt: skip
 
 
 def _put(role: Role, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     if role.mesh is None:
-        return {k: jnp.asarray(v) for k, v in batch.items()}
+        return jax.tree.map(jnp.asarray, batch)
     return shd.put_batch(batch, role.mesh)  # each process feeds the rows its devices hold
+
+
+def pack_step(role: Role, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One optimizer step's row-layout batch packed for ``role`` (:func:`comprl_jax.roles.packing.pack_batch`:
+    rows of the batch's length, bucketed row count); the extractor's per-row ``USE_BEHAVIOUR`` flag becomes
+    per-token."""
+    out = packing.pack_batch(
+        batch,
+        micro_rows=role.micro_rows,
+        pad_id=role.model.tokenizer.pad_id,
+        row_multiple=role.row_multiple,
+        max_rows=role.rows,
+    )
+    use = out[EPISODES].pop(USE_BEHAVIOUR, None)
+    if use is not None:
+        out[USE_BEHAVIOUR] = np.asarray(use, bool)[out[EPISODE]] & (out[SEGMENT_IDS] > 0)
+    return out
 
 
 def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = True) -> dict[str, jax.Array]:
@@ -213,15 +249,18 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = Tr
         # device in the parameter dtype).
         role.sampler.update_params(jax.tree.map(jnp.copy, role.state.params))
     host = dict(batch)
-    behaviour = host.pop(BEHAVIOUR, None)
-    bmask = host.pop(BEHAVIOUR_MASK, None)
-    use = host.pop(USE_BEHAVIOUR, None)
+    sampled_by = host.pop(SAMPLED_BY, None)
     total = host["tokens"].shape[0]
     if total % role.rows:
         raise ValueError(f"{role.name} batch of {total} rows is not a multiple of its step size {role.rows}")
     n = total // role.rows
-    sampled_by = host.pop(SAMPLED_BY, None)
-    if n == 1 and use is None:
+    parts = [host] if n == 1 else [{k: v[i::n] for k, v in host.items()} for i in range(n)]
+    if role.pack:
+        parts = [pack_step(role, p) for p in parts]
+    behaviour = [p.pop(BEHAVIOUR, None) for p in parts]
+    bmask = [p.pop(BEHAVIOUR_MASK, None) for p in parts]
+    use = [p.pop(USE_BEHAVIOUR, None) for p in parts]
+    if n == 1 and use[0] is None:
         # One optimizer step on fresh samples: pi_old is the current weights, and the update takes it from its
         # own forward pass (rl.update.loss_and_metrics) instead of a separate pass over the batch. Only true if the
         # current weights sampled the batch: a batch from older weights (an asynchronous actor) would silently
@@ -233,21 +272,23 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = Tr
                 f"for samples of these weights; pass {SAMPLED_BY}={role.version} for fresh samples, or the "
                 f"behaviour logprobs with {USE_BEHAVIOUR} for older ones"
             )
-        if behaviour is not None:
-            host.update({BEHAVIOUR: behaviour, BEHAVIOUR_MASK: bmask})
-        role.state, m = role.update(role.state, _put(role, host))
+        step = parts[0]
+        if behaviour[0] is not None:
+            step.update({BEHAVIOUR: behaviour[0], BEHAVIOUR_MASK: bmask[0]})
+        role.state, m = role.update(role.state, _put(role, step))
         role.version += 1
         _refresh(role, m, refresh)
         return _combine([m], [])
-    parts = [{k: v[i::n] for k, v in host.items()} for i in range(n)]
     dev = [_put(role, p) for p in parts]
     old = [role.logprobs(role.state.params, d) for d in dev]  # pi_old: the weights before this batch's steps
     gaps = []
-    if behaviour is not None:
-        for i in range(n):
-            b = _put(role, {"b": behaviour[i::n], "m": bmask[i::n], "u": _rows_flag(use, total)[i::n]})
-            old[i], num, den = _with_behaviour(old[i], b["b"], b["m"], b["u"])
-            gaps.append((num, den))
+    for i in range(n):
+        if behaviour[i] is None:
+            continue
+        flag = np.zeros(parts[i]["tokens"].shape[:1], bool) if use[i] is None else use[i]
+        b = _put(role, {"b": behaviour[i], "m": bmask[i], "u": flag})
+        old[i], num, den = _with_behaviour(old[i], b["b"], b["m"], b["u"])
+        gaps.append((num, den))
     steps = []
     for d, o in zip(dev, old, strict=True):
         d["old_logprobs"] = o
@@ -265,16 +306,13 @@ def _refresh(role: Role, updated, now: bool) -> None:
         role.deferred = updated
 
 
-def _rows_flag(use, total: int) -> np.ndarray:
-    return np.zeros((total,), bool) if use is None else np.asarray(use, bool)
-
-
 @jax.jit
 def _with_behaviour(old, behaviour, mask, use):
-    """Rows flagged ``use`` take the behaviour logprobs as pi_old; also (sum |old - behaviour|, tokens) on
-    ``mask`` (one jitted call, not a handful of eager ops)."""
+    """Rows (``[R]``; packed: tokens ``[R, L]``) flagged ``use`` take the behaviour logprobs as pi_old; also
+    (sum |old - behaviour|, tokens) on ``mask`` (one jitted call, not a handful of eager ops)."""
     num = jnp.sum(jnp.abs(old - behaviour) * mask)
-    return jnp.where(use[:, None], behaviour, old), num, jnp.sum(mask)
+    flag = use if use.ndim == old.ndim else use[:, None]
+    return jnp.where(flag, behaviour, old), num, jnp.sum(mask)
 
 
 @jax.jit

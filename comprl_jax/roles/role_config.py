@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from comprl_jax.experience.buffer import BufferConfig
+from comprl_jax.models.config import ATTENTION
 from comprl_jax.rl.advantages import ADV_NORMS
 from comprl_jax.rl.losses import ActorLossConfig, ExtractorLossConfig
 from comprl_jax.rl.train_state import OptimConfig
@@ -41,6 +42,8 @@ class RoleConfig:
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
     rollout_tensor: int = 0
+    pack: bool = True  # sequence packing of the update batches (roles.packing)
+    attention: str = "auto"
 
     def __post_init__(self):
         check(self.lr > 0, "lr", "must be positive", self.lr)
@@ -65,6 +68,7 @@ class RoleConfig:
             "must be >= 0 (0 = chosen by memory)",
             self.rollout_tensor,
         )
+        check(self.attention in ATTENTION, "attention", f"must be one of {ATTENTION}", self.attention)
         check(self.logits_chunk >= 0, "logits_chunk", "must be >= 0 (0 = full logits)", self.logits_chunk)
 
     @property

@@ -3,19 +3,24 @@
 COMMAND: .venv/bin/python launch/bench/moe.py        # CPU default: 4 x 512 tokens, d_model 256, 16 experts, top-2
 
 Prints one JSON line:
-  {"bench": "moe", "fn": "mlp_fwd_bwd", "dense_ms", "dropless_ms", "capacity_ms", "dropless_ratio",
-   "capacity_ratio", ...}
+  {"bench": "moe", "fn": "mlp_fwd_bwd", "dense_ms", "dropless_ms", "capacity_ms", "gmm_ms", "dropless_ratio",
+   "capacity_ratio", "gmm_ratio", ...}
 
 The dense MLP has width ``top_k x expert_width``: per token it does the same matmul FLOPs as the MoE layer's
 active experts, so a ratio above 1 is the price of routing and dispatch (router, top-k, sorts, gathers,
 scatter-adds, the capacity path's padded slots) plus whatever the grouped matmul costs on this backend. On CPU
 ``jax.lax.ragged_dot`` (the dropless path) has no grouped kernel: XLA computes it as a masked dense product over
 every expert, E times the active FLOPs, so its CPU ratio is an upper bound (TPU and GPU lower it to a grouped
-GEMM). The capacity path uses plain einsums over ``capacity_factor x tokens x k`` slots on every backend.
+GEMM). The capacity path uses plain einsums over ``capacity_factor x tokens x k`` slots on every backend. The
+``gmm`` dispatch (one sort over the whole batch, 2-D grouped matmuls: the megablox Pallas kernel on TPU) runs
+``jax.lax.ragged_dot`` off TPU, so on CPU it pays the same masked dense product as dropless; its kernel in Pallas
+interpret mode (``gmm_interpret``, what the CPU parity tests run) is a test vehicle, far too slow to time here.
 Timings are medians of interleaved repeats (a busy shared machine slows all three alike).
 
 Measured 2026-12-01 on the 2-core dev box (shared, busy, load ~5), default command (2,048 tokens, fp32):
   dense 108.8 ms, dropless 1714.9 ms (ratio 15.8), capacity 251.8 ms (ratio 2.3); WORKSPACE.md "Mixture of experts".
+Measured 2026-12-05, same box (load ~6), with the gmm line (issue 30): dense 83.2 ms, dropless 1646.6 ms (19.8),
+capacity 208.4 ms (2.5), gmm 1381.6 ms (16.6).
 """
 
 from __future__ import annotations
@@ -90,6 +95,15 @@ def main(argv=None):
     fns = {
         "dense": (jax.jit(jax.grad(dense_loss, argnums=(0, 1))), (dense_p, x)),
         "dropless": (jax.jit(jax.grad(lambda p, x: moe_loss(cfg, p, x), argnums=(0, 1))), (moe_p, x)),
+        "gmm": (
+            jax.jit(
+                jax.grad(
+                    lambda p, x: moe_loss(dataclasses.replace(cfg, moe_dispatch="gmm"), p, x),
+                    argnums=(0, 1),
+                )
+            ),
+            (moe_p, x),
+        ),
         "capacity": (
             jax.jit(
                 jax.grad(
@@ -129,8 +143,10 @@ def main(argv=None):
                 "dense_ms": round(ms["dense"], 2),
                 "dropless_ms": round(ms["dropless"], 2),
                 "capacity_ms": round(ms["capacity"], 2),
+                "gmm_ms": round(ms["gmm"], 2),
                 "dropless_ratio": round(ms["dropless"] / ms["dense"], 2),
                 "capacity_ratio": round(ms["capacity"] / ms["dense"], 2),
+                "gmm_ratio": round(ms["gmm"] / ms["dense"], 2),
                 "dense_tokens_s": round(tokens / ms["dense"] * 1e3),
                 "compile_s": compile_s,
                 "repeats": a.repeats,
