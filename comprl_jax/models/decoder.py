@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import math
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from comprl_jax.models import kv_cache, moe
 from comprl_jax.models import layers as L
-from comprl_jax.models import moe
 from comprl_jax.models.config import ModelConfig
 from comprl_jax.runtime import sharding
 
-# Logical axes of the KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
-CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+# The caches live in kv_cache.py; these names stay importable from here.
+CACHE_AXES = kv_cache.CACHE_AXES
+KVCache = kv_cache.KVCache
+PagedKVCache = kv_cache.PagedKVCache
+init_cache = kv_cache.init_cache
+init_paged_cache = kv_cache.init_paged_cache
 
 
 def constrain_batch(x: jax.Array) -> jax.Array:
@@ -266,38 +269,32 @@ class Decoder(nnx.Module):
         out = self._head(x, return_hidden, frozen_head=frozen_layers > 0)
         return (out, moe.aux_outputs(cfg, moe_stats)) if return_aux else out
 
-    def extend(
-        self, cache: KVCache, tokens: jax.Array, num_new: jax.Array, logits_at: jax.Array | None = None
-    ):
+    def extend(self, cache, tokens: jax.Array, num_new: jax.Array, logits_at: jax.Array | None = None):
         """See :func:`extend`."""
         cfg = self.cfg
         b, t = tokens.shape
-        s = cache.k.shape[2]
-        col = jnp.arange(t)
-        positions = cache.lengths[:, None] + col[None, :]  # [B, T]; RoPE position = cache slot
-        valid = col[None, :] < num_new[:, None]
-        # Padding columns scatter to slot S (out of bounds) and are dropped: they never touch the cache.
-        slots = jnp.where(valid, positions, s)
-        new_len = cache.lengths + num_new
-        k_valid = jnp.arange(s)[None, :] < new_len[:, None]  # [B, S]; query t sees slots <= positions[b, t]
+        positions = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]; RoPE position = cache position
+        valid = jnp.arange(t)[None, :] < num_new[:, None]
         cos, sin = L.rope_cos_sin(cfg, positions)
 
-        def body(carry, xs):
-            x, ck, cv = carry
+        def body(x, xs):
             p, layer = xs
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            # Scatter into the full [L, ...] carry so XLA updates the cache buffer in place.
-            ck = _write_rows(ck, layer, slots, k)
-            cv = _write_rows(cv, layer, slots, v)
-            attn = L.attention(q, ck[layer], cv[layer], positions, k_valid)
+            # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
+            # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
+            k_ctx, v_ctx, ctx_valid = kv_cache.context(cache, layer)
+            attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new)
             x, _ = _finish(cfg, p, x, attn, valid)
-            return (constrain_batch(x), ck, cv), None
+            return constrain_batch(x), (k, v)
 
-        carry = (constrain_batch(self._embed(tokens)), cache.k, cache.v)
+        x = constrain_batch(self._embed(tokens))
+        new_k, new_v = [], []
         for (_, a, end, _), xs in self.layers.segments():
-            carry, _ = jax.lax.scan(body, carry, (xs, jnp.arange(a, end)))
-        x, ck, cv = carry
-        new_cache = KVCache(k=ck, v=cv, lengths=new_len.astype(jnp.int32))
+            x, (k, v) = jax.lax.scan(body, x, (xs, jnp.arange(a, end)))
+            new_k.append(k)
+            new_v.append(v)
+        cat = lambda parts: parts[0] if len(parts) == 1 else jnp.concatenate(parts)  # noqa: E731
+        new_cache = kv_cache.write(cache, cat(new_k), cat(new_v), num_new.astype(jnp.int32))
         if logits_at is not None:
             # Gather the hidden rows before the head: [B, T, V] float32 logits of a long prefill (32 x 2k x 49k
             # = 13 GB for SmolLM2) would dwarf the model, and the sampler only reads one position per row.
@@ -305,52 +302,6 @@ class Decoder(nnx.Module):
             x = jnp.take_along_axis(x, at[:, None, None], axis=1)  # [B, 1, D]
             return self._head(x, False)[:, 0], new_cache
         return self._head(x, False), new_cache
-
-
-def _write_rows(cache: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
-    """``cache[layer, b, slots[b, t]] = new[b, t]`` for every row (slots past the cache are dropped).
-
-    One scatter whose row axis is a *batching* dimension of both the cache (axis 1) and the indices (axis 0): with
-    the rows sharded over the batch axes each device writes its own rows, in place. Two other spellings cost a
-    copy: explicit row indices made the SPMD partitioner all-gather every row's new keys and values
-    (``[B, T, Hkv, Dh]`` per layer) onto every device, and ``jax.vmap`` over axis 1 moved the row axis to the
-    front, so XLA transposed the whole ``[L, B, S, Hkv, Dh]`` cache into a temporary and back (the TPU compiler's
-    decode plan held 2.5 caches; tests/test_rollout_layout.py checks the buffers).
-
-    Shapes: cache ``[L, B, S, Hkv, Dh]``, layer ``[]``, slots ``[B, T]`` int32, new ``[B, T, Hkv, Dh]``.
-    """
-    idx = jnp.stack([jnp.broadcast_to(layer, slots.shape).astype(slots.dtype), slots], axis=-1)  # [B, T, 2]
-    dims = jax.lax.ScatterDimensionNumbers(
-        update_window_dims=(2, 3),  # Hkv, Dh of each update
-        inserted_window_dims=(0, 2),  # one layer, one slot
-        scatter_dims_to_operand_dims=(0, 2),
-        operand_batching_dims=(1,),  # row b of the cache ...
-        scatter_indices_batching_dims=(0,),  # ... takes row b's indices and updates
-    )
-    return jax.lax.scatter(
-        cache, idx, new.astype(cache.dtype), dims, mode=jax.lax.GatherScatterMode.FILL_OR_DROP
-    )
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Explicit KV cache pytree.
-
-    Attributes:
-      k, v: ``[L, B, S, Hkv, Dh]`` keys (after RoPE) and values; slot ``s`` of row ``b`` holds position ``s``.
-      lengths: ``[B]`` int32, number of filled slots per row.
-    """
-
-    k: jax.Array
-    v: jax.Array
-    lengths: jax.Array
-
-
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype."""
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    dt = jnp.dtype(dtype or cfg.dtype)
-    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), lengths=jnp.zeros((batch,), jnp.int32))
 
 
 def init_decoder(cfg: ModelConfig, seed: int = 0, mesh=None, rules=sharding.DEFAULT_RULES):
@@ -425,20 +376,22 @@ def forward(
 def extend(
     graphdef,
     params,
-    cache: KVCache,
+    cache,
     tokens: jax.Array,
     num_new: jax.Array,
     logits_at: jax.Array | None = None,
 ):
     """Appends ``tokens[b, :num_new[b]]`` to row ``b`` of the cache and returns their logits.
 
-    Token ``t`` of row ``b`` goes to slot ``lengths[b] + t`` (its RoPE position) and attends causally to the
-    row's cache. Columns ``>= num_new[b]`` are padding: not written, their logits meaningless. Slots past the
-    cache length are dropped silently, so callers must size the cache. Prefill = extend on an empty cache; a
-    decode step = extend with ``T = 1, num_new = 1``.
+    Token ``t`` of row ``b`` goes to position ``lengths[b] + t`` (its RoPE position) and attends causally to the
+    row's cache. Columns ``>= num_new[b]`` are padding: not written, their logits meaningless. Positions past the
+    cache (or, paged, without a page) are dropped silently, so callers must size the cache. Prefill = extend on
+    an empty cache; a decode step = extend with ``T = 1, num_new = 1``. Every layer reads the cache before any
+    write, and the new keys and values are written after the last layer (``models/kv_cache.py``).
 
     Args:
-      cache: :class:`KVCache` with ``[L, B, S, Hkv, Dh]`` arrays. tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
+      cache: a dense :class:`KVCache` (``[L, B, S, Hkv, Dh]``) or a :class:`PagedKVCache` (page pool + page
+        table; the host assigns the pages the new positions need). tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
       logits_at: optional ``[B]`` int32 column per row (clipped to ``[0, T)``); when given, only those columns go
         through the output head (a sampler needs one position per row, e.g. ``num_new - 1``).
     Returns:

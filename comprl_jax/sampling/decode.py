@@ -99,10 +99,10 @@ def decode(
     Returns:
       A :class:`GenerationResult` with device arrays and the updated cache.
     """
-    full = None
-    if window is not None and window < cache.k.shape[2]:
-        full = cache
-        cache = cache.replace(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+    full = cache
+    cache = cache.window(
+        window
+    )  # dense: a copy of the first `window` positions; paged: the page table's front
     B = tokens.shape[0]
     N = sp.max_new_tokens
     stop_arr = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
@@ -181,13 +181,7 @@ def decode(
         return emit(dict(c, cache=new_cache), step_logits.astype(jnp.float32))
 
     carry = jax.lax.while_loop(cond, body, carry)
-    if full is not None:
-        c = carry["cache"]
-        carry["cache"] = full.replace(
-            k=jax.lax.dynamic_update_slice(full.k, c.k, (0, 0, 0, 0, 0)),
-            v=jax.lax.dynamic_update_slice(full.v, c.v, (0, 0, 0, 0, 0)),
-            lengths=c.lengths,
-        )
+    carry["cache"] = full.unwindow(carry["cache"])
     return GenerationResult(
         tokens=carry["out_tok"],
         lengths=carry["lengths"],
@@ -244,6 +238,10 @@ def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: i
         return x.reshape(x.shape[:axis] + (r, groups) + x.shape[axis + 1 :])
 
     toks, nn, at = split(tokens, 0), split(num_new, 0), split(last, 0)
+    if hasattr(
+        cache, "pages"
+    ):  # paged: rows own page-table rows; the pool is shared (rows' pages are disjoint)
+        return _prefill_paged(graphdef, params, cache, toks, nn, at, extend_fn, split, B)
 
     def body(g, carry):
         k, v, lengths, logits = carry
@@ -274,6 +272,27 @@ def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: i
     k, v, lengths, logits = jax.lax.fori_loop(0, groups, body, init)
     merge = lambda x, axis: x.reshape(x.shape[:axis] + (B,) + x.shape[axis + 2 :])  # noqa: E731
     return merge(logits, 0), cache.replace(k=merge(k, 1), v=merge(v, 1), lengths=merge(lengths, 0))
+
+
+def _prefill_paged(graphdef, params, cache, toks, nn, at, extend_fn, split, B):
+    """:func:`prefill`'s row groups on a paged cache: each group's page-table rows and lengths, the whole pool."""
+    r, groups = toks.shape[:2]
+
+    def body(g, carry):
+        k, v, lengths, logits = carry
+        sub = cache.replace(k=k, v=v, pages=split(cache.pages, 0)[:, g], lengths=lengths[:, g])
+        lg, sub = extend_fn(graphdef, params, sub, toks[:, g], nn[:, g], at[:, g])
+        lengths = jax.lax.dynamic_update_index_in_dim(lengths, sub.lengths, g, axis=1)
+        logits = jax.lax.dynamic_update_index_in_dim(logits, lg.astype(logits.dtype), g, axis=1)
+        return sub.k, sub.v, lengths, logits
+
+    first = cache.replace(pages=cache.pages[:r], lengths=cache.lengths[:r])
+    V = jax.eval_shape(lambda: extend_fn(graphdef, params, first, toks[:, 0], nn[:, 0], at[:, 0]))[0].shape[
+        -1
+    ]
+    init = (cache.k, cache.v, split(cache.lengths, 0), jnp.zeros((r, groups, V), jnp.float32))
+    k, v, lengths, logits = jax.lax.fori_loop(0, groups, body, init)
+    return logits.reshape(B, V), cache.replace(k=k, v=v, lengths=lengths.reshape(B))
 
 
 def make_decode_fn(extend_fn: Any, wrap: Any = None):

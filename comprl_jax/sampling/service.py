@@ -29,6 +29,7 @@ from comprl_jax.sampling.decode import (
     row_keys,
 )
 from comprl_jax.sampling.filters import SamplingParams
+from comprl_jax.sampling.pages import PageTable
 from comprl_jax.sampling.stops import StopAutomaton, build_stop_automaton
 
 # Smallest cache window a multi-turn turn runs on, and the size a conversation's cache starts at (the two agree, so
@@ -44,13 +45,19 @@ def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
 
 def cache_shardings(mesh, cfg, cache):
     """Shardings of a KV cache pytree (arrays or ShapeDtypeStructs) on ``mesh``: ``[L, B, S, Hkv, Dh]`` with rows
-    over the batch axes and KV heads over ``tensor`` when they divide; ``lengths [B]`` over the batch axes."""
+    over the batch axes and KV heads over ``tensor`` when they divide; ``lengths [B]`` over the batch axes. A paged
+    cache's pool ``[L, P, page, Hkv, Dh]`` splits only its KV heads (pages belong to no row); its page table
+    ``[B, W]`` follows the rows."""
     kv_ok = getattr(cfg, "num_kv_heads", 0) % mesh.shape.get("tensor", 1) == 0
+    heads = "kv_heads" if kv_ok else None
+    paged = hasattr(cache, "pages")
 
     def spec(x):
         if x.ndim == 1:  # lengths [B]
             return shd.named_sharding(mesh, ("batch",))
-        return shd.named_sharding(mesh, (None, "batch", None, "kv_heads" if kv_ok else None, None))
+        if x.ndim == 2:  # page table [B, W]
+            return shd.named_sharding(mesh, ("batch", None))
+        return shd.named_sharding(mesh, (None, None if paged else "batch", None, heads, None))
 
     return jax.tree.map(spec, cache)
 
@@ -72,10 +79,19 @@ def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, 
     return g
 
 
+KV_CACHES = ("dense", "paged")
+
+
 def _model_fns():
     from comprl_jax.models import decoder  # lazy: keeps this module importable without the model layer
 
     return decoder.extend, decoder.init_cache
+
+
+def _paged_fns():
+    from comprl_jax.models import kv_cache
+
+    return kv_cache.init_paged_cache, kv_cache.PAGE_SIZE
 
 
 class SamplerService:
@@ -97,6 +113,11 @@ class SamplerService:
         (halving the group while ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
         buffers scale with the group: SmolLM2 at 32 rows x 2k tokens needs 4.4 GiB of XLA temp in one group and
         1.8 GiB in groups of 8 rows (``tests/test_sampling_memory.py``). Turns of a few hundred tokens are one group.
+      kv_cache: "dense" (``[L, B, S, Hkv, Dh]``, rows grow together) or "paged" (a page pool and a page table per
+        row, ``models/kv_cache.py``): a :class:`Conversation` then allocates pages to the tokens its rows hold
+        (:class:`~comprl_jax.sampling.pages.PageTable`), and each step gathers the pages of the live window. Same
+        tokens and log-probabilities either way. :meth:`new_cache` gives a paged cache with every page assigned.
+      page_size: positions per page of a paged cache.
     """
 
     def __init__(
@@ -113,7 +134,13 @@ class SamplerService:
         init_cache_fn: Any = None,
         wrap: Any = None,
         prefill_tokens: int = PREFILL_TOKENS,
+        kv_cache: str = "dense",
+        page_size: int = 0,
     ):
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"SamplerService kv_cache={kv_cache!r}; use one of {KV_CACHES}")
+        self.kv_cache = kv_cache
+        self.page_size = int(page_size) or _paged_fns()[1]
         if extend_fn is None or init_cache_fn is None:
             default_extend, default_init = _model_fns()
             extend_fn = extend_fn or default_extend
@@ -195,9 +222,36 @@ class SamplerService:
         return bucket(n, minimum=1, multiple=self._batch_multiple)
 
     def new_cache(self, batch: int, max_len: int):
-        """An empty KV cache ``[L, batch, max_len, ...]``, created sharded over the batch axes under a mesh."""
+        """An empty KV cache ``[L, batch, max_len, ...]``, created sharded over the batch axes under a mesh.
+        Paged (``kv_cache="paged"``): ``max_len`` rounded up to whole pages, every row given its own pages."""
+        if self.kv_cache == "paged":
+            n = -(-int(max_len) // self.page_size)
+            table = np.arange(batch * n, dtype=np.int32).reshape(batch, n)
+            cache = self.new_paged(batch, n * self.page_size, batch * n)
+            return cache.replace(pages=self._put(table))
         with self._mesh_ctx():
             return self._cache_maker(int(batch), int(max_len))()
+
+    def new_paged(self, batch: int, max_len: int, num_pages: int):
+        """An empty paged cache: a pool of ``num_pages`` pages, ``batch`` rows of up to ``max_len`` positions (a
+        multiple of ``page_size``) with no page assigned (:class:`~comprl_jax.sampling.pages.PageTable` assigns)."""
+        with self._mesh_ctx():
+            return self._paged_maker(int(batch), int(max_len), int(num_pages))()
+
+    def grow_pool(self, cache, num_pages: int):
+        """A paged ``cache`` whose pool has ``num_pages`` pages, the old pages copied to the same indices."""
+        new = self.new_paged(cache.lengths.shape[0], cache.capacity, num_pages)
+        new = new.replace(pages=cache.pages, lengths=cache.lengths)
+        with self._lock, self._mesh_ctx():
+            return _grow_fn(jax.tree.map(lambda x: x.sharding, new))(cache, new)
+
+    @functools.lru_cache(maxsize=16)  # noqa: B019 -- one compiled zeros-maker per pool shape
+    def _paged_maker(self, batch: int, max_len: int, num_pages: int):
+        init_paged = _paged_fns()[0]
+        make = functools.partial(init_paged, self.cfg, batch, max_len, num_pages, self.page_size)
+        if self.mesh is None:
+            return jax.jit(make)
+        return jax.jit(make, out_shardings=cache_shardings(self.mesh, self.cfg, jax.eval_shape(make)))
 
     def grow_cache(self, cache, max_len: int):
         """``cache`` with room for ``max_len`` tokens per row: its contents copied into the front of a new empty
@@ -270,7 +324,7 @@ class SamplerService:
             ids = np.zeros((Bp, 2), np.int32)
             ids[: len(rows)] = np.asarray(key_ids, np.int32).reshape(len(rows), 2)
             key = _row_keys(key, self._put(ids))
-        S = cache.k.shape[2]
+        S = cache.capacity
         window = None
         if context_need is not None:
             window = min(S, bucket(context_need, minimum=MIN_CACHE_SLOTS))
@@ -404,7 +458,18 @@ class Conversation:
         self.service = service
         self.batch = int(batch)
         self.max_len = int(max_len)
-        self.cache = service.new_cache(service.batch_bucket(batch), min(self.max_len, self.MIN_CACHE))
+        rows = service.batch_bucket(batch)
+        self.pages = None
+        if service.kv_cache == "paged":
+            # The page table addresses max_len positions per row from the start; the pool holds the pages the
+            # rows' tokens fill (MIN_CACHE positions per row to begin with) and doubles when they need more.
+            ps = service.page_size
+            cap = -(-self.max_len // ps) * ps
+            first = rows * (-(-min(self.max_len, self.MIN_CACHE) // ps))
+            self.pages = PageTable(rows, cap, ps, first)
+            self.cache = service.new_paged(rows, cap, first)
+        else:
+            self.cache = service.new_cache(rows, min(self.max_len, self.MIN_CACHE))
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.mask: list[list[int]] = [[] for _ in range(batch)]
         self.lps: list[list[float]] = [[] for _ in range(batch)]  # sampling-time logprobs, 0.0 off the mask
@@ -412,8 +477,9 @@ class Conversation:
 
     @property
     def cache_len(self) -> int:
-        """Slots per row the cache holds now (grows with the context, up to ``max_len``)."""
-        return int(self.cache.k.shape[2])
+        """Slots per row the cache holds now (dense: grows with the context, up to ``max_len``; paged: the page
+        table's reach, ``max_len`` in whole pages)."""
+        return int(self.cache.capacity)
 
     def tokens(self, b: int) -> tuple[list[int], list[int]]:
         """Row ``b``'s full token context and assistant mask (for the trainer)."""
@@ -458,7 +524,9 @@ class Conversation:
                 )
             rows.append(row)
         need = max((self.cached[b] + len(r) + mx[b] for b, r in enumerate(rows) if r), default=0)
-        if need > self.cache_len:
+        if self.pages is not None:
+            self._reserve_pages({b: self.cached[b] + len(r) + mx[b] for b, r in enumerate(rows) if r})
+        elif need > self.cache_len:
             self.cache = self.service.grow_cache(
                 self.cache, min(self.max_len, bucket(need, minimum=self.MIN_CACHE))
             )
@@ -480,3 +548,15 @@ class Conversation:
             self.lps[b] += out.logprobs[b, :n].tolist()
             self.cached[b] += max(n - 1, 0)  # the last sampled token is fed at the start of the next turn
         return out
+
+    def _reserve_pages(self, needs: dict[int, int]) -> None:
+        """Pages for each row's positions this turn (the pool doubles until they fit), then the device's table."""
+        short = self.pages.missing(needs)
+        if short:
+            size = self.pages.num_pages
+            while size - self.pages.num_pages < short:
+                size *= 2
+            self.cache = self.service.grow_pool(self.cache, size)
+            self.pages.grow_to(size)
+        self.pages.reserve(needs)
+        self.cache = self.cache.replace(pages=self.service._put(self.pages.table()))

@@ -122,17 +122,11 @@ def _emit(st: SlotState, logits, sp, stops, constraint, stop_arr, pad_id) -> Slo
 
 
 def _window(cache, window):
-    return cache if window is None else cache.replace(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+    return cache.window(window)
 
 
 def _unwindow(full, view, window):
-    if window is None:
-        return view
-    return full.replace(
-        k=jax.lax.dynamic_update_slice(full.k, view.k, (0,) * full.k.ndim),
-        v=jax.lax.dynamic_update_slice(full.v, view.v, (0,) * full.v.ndim),
-        lengths=view.lengths,
-    )
+    return full.unwindow(view)
 
 
 def _decode_step(

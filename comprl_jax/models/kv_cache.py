@@ -1,0 +1,253 @@
+"""KV caches for :func:`comprl_jax.models.decoder.extend`: a dense cache and a paged one, behind three operations.
+
+======================  ===========================================  ==========================================
+                        :class:`KVCache` (dense)                     :class:`PagedKVCache`
+======================  ===========================================  ==========================================
+storage                 ``k, v [L, B, S, Hkv, Dh]``: row ``b`` owns  ``k, v [L, P, page, Hkv, Dh]``: a pool of
+                        ``S`` slots, position ``s`` in slot ``s``    ``P`` pages; ``pages [B, W]`` maps row
+                                                                     ``b``'s position ``s`` to page
+                                                                     ``pages[b, s // page]``, offset
+                                                                     ``s % page`` (``P`` = no page)
+memory                  ``B x S`` positions (the longest row's)      the pages the host allocated: the rows'
+                                                                     live tokens, rounded up to a page each
+window (a turn's view)  ``k[:, :, :w]``: a copy of ``B x w``         ``pages[:, :w // page]``: ints only
+:func:`context`         ``k[layer]`` (a view)                        gathers the row's ``W`` pages: ``[B, W *
+                                                                     page, Hkv, Dh]``, cost follows ``W``
+:func:`write`           one scatter of every layer's new keys and values after the layer scan (in place: no
+                        read of the cache follows it inside a step)
+======================  ===========================================  ==========================================
+
+Why the write comes after the layers: a decode step used to scatter each layer's new key into the loop-carried
+``[L, B, S, Hkv, Dh]`` cache and then read that layer back for attention; XLA kept the old buffer alive for the
+read and copied the whole cache around each scatter (5.5 / 21.9 / 103.9 ms per step at 256 / 1k / 4k positions for
+a 4-layer toy, WORKSPACE). Now a step reads the cache (the context) and attends to the new tokens' own keys
+separately (:func:`comprl_jax.models.layers.attention_with_context`), and the single scatter at the end has no
+reader after it, so XLA updates the donated buffer in place.
+
+On TPU / GPU the paged context maps onto the Pallas ``ragged_paged_attention`` / ``paged_attention`` kernels
+(page table + lengths); on CPU the gather above is the kernel.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from comprl_jax.models.config import ModelConfig
+
+# Logical axes of the dense KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
+CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+# The paged pool [L, P, page, Hkv, Dh]: pages are not rows, so they are not split over the batch axes.
+PAGED_AXES = ("layers", None, None, "kv_heads", "head_dim")
+PAGE_SIZE = 64  # positions per page (SamplerService(page_size=...)); a window is a whole number of pages
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Dense KV cache pytree.
+
+    Attributes:
+      k, v: ``[L, B, S, Hkv, Dh]`` keys (after RoPE) and values; slot ``s`` of row ``b`` holds position ``s``.
+      lengths: ``[B]`` int32, number of filled slots per row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """Positions per row the cache can hold (static)."""
+        return int(self.k.shape[2])
+
+    def window(self, w: int | None) -> KVCache:
+        """The first ``w`` positions of every row (a copy; ``None`` or ``w >= S``: the cache itself)."""
+        if w is None or w >= self.capacity:
+            return self
+        return self.replace(k=self.k[:, :, :w], v=self.v[:, :, :w])
+
+    def unwindow(self, view: KVCache) -> KVCache:
+        """``view`` (from :meth:`window`) written back into the front of this cache."""
+        if view.k.shape == self.k.shape:
+            return view
+        zero = (0,) * self.k.ndim
+        return self.replace(
+            k=jax.lax.dynamic_update_slice(self.k, view.k, zero),
+            v=jax.lax.dynamic_update_slice(self.v, view.v, zero),
+            lengths=view.lengths,
+        )
+
+
+@flax.struct.dataclass
+class PagedKVCache:
+    """Paged KV cache pytree: a pool of pages and a page table per row (the host allocates pages; see
+    :class:`comprl_jax.sampling.pages.PageTable`).
+
+    Attributes:
+      k, v: ``[L, P, page, Hkv, Dh]`` the page pool (keys after RoPE, values).
+      pages: ``[B, W]`` int32, row ``b``'s ``i``-th page (positions ``i * page ...``); ``P`` marks no page
+        (reads give zeros, writes are dropped).
+      lengths: ``[B]`` int32, positions filled per row.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    pages: jax.Array
+    lengths: jax.Array
+
+    @property
+    def page_size(self) -> int:
+        return int(self.k.shape[2])
+
+    @property
+    def capacity(self) -> int:
+        """Positions per row the page table can address (static)."""
+        return int(self.pages.shape[1]) * self.page_size
+
+    def window(self, w: int | None) -> PagedKVCache:
+        """A view addressing the first ``w`` positions of every row: the page table's first ``w / page``
+        columns. Nothing is copied; attention then gathers only those pages."""
+        if w is None or w >= self.capacity:
+            return self
+        return self.replace(pages=self.pages[:, : -(-w // self.page_size)])
+
+    def unwindow(self, view: PagedKVCache) -> PagedKVCache:
+        """The full page table again, with ``view``'s pool and lengths."""
+        return view.replace(pages=self.pages)
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def init_paged_cache(
+    cfg: ModelConfig, batch: int, max_len: int, num_pages: int, page_size: int = PAGE_SIZE, dtype=None
+) -> PagedKVCache:
+    """An empty paged cache: a pool of ``num_pages`` pages and, for ``batch`` rows of up to ``max_len`` positions
+    (a multiple of ``page_size``), a page table with no page assigned (every entry ``num_pages``)."""
+    if max_len % page_size:
+        raise ValueError(f"max_len={max_len} must be a multiple of page_size={page_size}")
+    shape = (cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+    dt = jnp.dtype(dtype or cfg.dtype)
+    return PagedKVCache(
+        k=jnp.zeros(shape, dt),
+        v=jnp.zeros(shape, dt),
+        pages=jnp.full((batch, max_len // page_size), num_pages, jnp.int32),
+        lengths=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Layer ``layer``'s cached keys and values per row and which positions hold a token.
+
+    Returns:
+      ``(k [B, S, Hkv, Dh], v [B, S, Hkv, Dh], valid [B, S] bool)``: ``S`` is the dense cache's (window) length,
+      or the page table's columns x page size (pages gathered from the pool).
+    """
+    if isinstance(cache, PagedKVCache):
+        b, w = cache.pages.shape
+        ps = cache.page_size
+
+        def gather(pool):  # pool [P, page, Hkv, Dh] -> [B, W * page, Hkv, Dh]
+            got = jnp.take(pool, cache.pages, axis=0, mode="fill", fill_value=0)
+            return got.reshape(b, w * ps, *pool.shape[2:])
+
+        k, v = gather(cache.k[layer]), gather(cache.v[layer])
+    else:
+        k, v = cache.k[layer], cache.v[layer]
+    valid = jnp.arange(k.shape[1])[None, :] < cache.lengths[:, None]
+    return k, v, valid
+
+
+def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array):
+    """Appends every layer's new keys and values: column ``t < num_new[b]`` of row ``b`` goes to position
+    ``lengths[b] + t``; positions past the cache (or without a page) are dropped. ``lengths += num_new``.
+
+    Args:
+      k_new, v_new: ``[L, B, T, Hkv, Dh]``. num_new: ``[B]`` int32.
+    """
+    L, b, t = k_new.shape[:3]
+    pos = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]
+    valid = jnp.arange(t)[None, :] < num_new[:, None]
+    # [B, T, L, Hkv, Dh]: the (row, column) index dims first, each update a [L, Hkv, Dh] window (small: T columns).
+    upd_k, upd_v = (jnp.moveaxis(x, 0, 2) for x in (k_new, v_new))
+    if isinstance(cache, PagedKVCache):
+        ps, n_pages = cache.page_size, cache.k.shape[1]
+        col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
+        page = jnp.take_along_axis(cache.pages, col, axis=1)
+        page = jnp.where(valid & (pos < cache.capacity), page, n_pages)  # no page: dropped
+        idx = jnp.stack([page, pos % ps], axis=-1)  # [B, T, 2]
+        dims = jax.lax.ScatterDimensionNumbers(
+            update_window_dims=(2, 3, 4),  # L, Hkv, Dh
+            inserted_window_dims=(1, 2),  # one page, one offset
+            scatter_dims_to_operand_dims=(1, 2),
+        )
+    else:
+        idx = jnp.where(valid, pos, cache.capacity)[..., None]  # [B, T, 1]; past the cache: dropped
+        dims = jax.lax.ScatterDimensionNumbers(
+            update_window_dims=(2, 3, 4),  # L, Hkv, Dh
+            inserted_window_dims=(2,),  # one slot
+            scatter_dims_to_operand_dims=(2,),
+            # Row b of the cache takes row b's indices and updates: with rows sharded over the batch axes each
+            # device writes its own rows (explicit row indices made the SPMD partitioner all-gather the updates).
+            operand_batching_dims=(1,),
+            scatter_indices_batching_dims=(0,),
+        )
+    mode = jax.lax.GatherScatterMode.FILL_OR_DROP
+    k = jax.lax.scatter(cache.k, idx, upd_k.astype(cache.k.dtype), dims, mode=mode)
+    v = jax.lax.scatter(cache.v, idx, upd_v.astype(cache.v.dtype), dims, mode=mode)
+    return cache.replace(k=k, v=v, lengths=(cache.lengths + num_new).astype(jnp.int32))
+
+
+def attention_over_cache(
+    q: jax.Array,
+    k_ctx: jax.Array,
+    v_ctx: jax.Array,
+    ctx_valid: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    num_new: jax.Array,
+) -> jax.Array:
+    """Attention of new tokens to a row's cached context and, causally, to each other; nothing is written.
+
+    Every cached position precedes every new token, so a query sees all valid context keys and the new keys at
+    or before its own column (and ``< num_new``). One new token (a decode step) merges two softmax parts: the
+    context's scores and its own key's, with a shared maximum, so the context is read once and never copied
+    next to the new key. Longer inputs (a prefill) concatenate context and new keys and go through
+    :func:`comprl_jax.models.layers.attention` (query-chunked).
+
+    Args:
+      q: ``[B, T, H, Dh]``. k_ctx, v_ctx: ``[B, S, Hkv, Dh]``; ctx_valid: ``[B, S]`` bool.
+      k_new, v_new: ``[B, T, Hkv, Dh]``; num_new: ``[B]`` int32 valid new columns.
+    Returns:
+      ``[B, T, H * Dh]`` in ``q.dtype`` (rows of padding columns are meaningless).
+    """
+    from comprl_jax.models import layers as L
+
+    b, t, h, dh = q.shape
+    s = k_ctx.shape[1]
+    new_valid = jnp.arange(t)[None, :] < num_new[:, None]
+    if t > 1:
+        k = jnp.concatenate([k_ctx, k_new.astype(k_ctx.dtype)], axis=1)
+        v = jnp.concatenate([v_ctx, v_new.astype(v_ctx.dtype)], axis=1)
+        q_pos = s + jnp.arange(t, dtype=jnp.int32)[None, :]
+        return L.attention(q, k, v, q_pos, jnp.concatenate([ctx_valid, new_valid], axis=1))
+    hkv = k_ctx.shape[2]
+    f32 = jnp.float32
+    qg = q.reshape(b, hkv, h // hkv, dh).astype(f32)  # [B, Hkv, G, Dh]
+    scale = dh**-0.5
+    # The cache's dtype meets q's in the dot with a float32 accumulator (no float32 copy of the context).
+    s_ctx = jnp.einsum("bkgd,bskd->bkgs", qg.astype(k_ctx.dtype), k_ctx, preferred_element_type=f32) * scale
+    s_ctx = jnp.where(ctx_valid[:, None, None, :], s_ctx, L.NEG_INF)
+    s_new = jnp.einsum("bkgd,bkd->bkg", qg, k_new[:, 0].astype(f32)) * scale  # its own key: always visible
+    m = jnp.maximum(jnp.max(s_ctx, axis=-1), s_new)
+    p_ctx = jnp.exp(s_ctx - m[..., None])
+    p_new = jnp.exp(s_new - m)
+    den = jnp.sum(p_ctx, axis=-1) + p_new
+    o = jnp.einsum("bkgs,bskd->bkgd", p_ctx, v_ctx.astype(f32))
+    o = (o + p_new[..., None] * v_new[:, 0, :, None, :].astype(f32)) / den[..., None]
+    return o.reshape(b, 1, h * dh).astype(q.dtype)
