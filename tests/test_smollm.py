@@ -247,6 +247,34 @@ def test_sampler_answers_paris(ours, sampler):
     assert res.finish_reason[0] == 0  # stopped on <|im_end|>
 
 
+def test_paged_cache_samples_what_the_dense_cache_does(ours, sampler):
+    """Issue 30: SmolLM2 on a paged KV cache (pages of 16) gives the dense sampler's greedy tokens and
+    log-probabilities over a 2-turn conversation of 3 chat prompts (the second turn appends more text)."""
+    tok = ours.tokenizer
+    paged = SamplerService(
+        ours.graphdef,
+        ours.params,
+        ours.cfg,
+        stop_token_ids=tok.stop_ids,
+        pad_id=tok.pad_id,
+        kv_cache="paged",
+        page_size=16,
+    )
+    prompts = _prompts(tok)
+    follow = tok.encode(" And in one word?")
+    sp = SamplingParams(max_new_tokens=16, greedy=True)
+    got = {}
+    for name, svc in (("dense", sampler), ("paged", paged)):
+        conv = svc.conversation(len(prompts), 512)
+        got[name] = [
+            conv.turn(prompts, jax.random.key(0), sp),
+            conv.turn([follow] * 3, jax.random.key(1), sp),
+        ]
+    for a, b in zip(got["dense"], got["paged"], strict=True):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+
+
 @pytest.mark.slow
 def test_constrained_actions_on_128_minihack_prompts(ours, sampler):
     """Sampled at temperature 1 (the hardest case for a constraint), every reply is exactly one valid action.

@@ -282,8 +282,8 @@ class Decoder(nnx.Module):
             q, k, v = _qkv(cfg, p, x, cos, sin)
             # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
             # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
-            k_ctx, v_ctx, ctx_valid = kv_cache.context(cache, layer)
-            attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new)
+            k_ctx, v_ctx, ctx_valid, heads_first = kv_cache.context(cache, layer)
+            attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, heads_first)
             x, _ = _finish(cfg, p, x, attn, valid)
             return constrain_batch(x), (k, v)
 

@@ -57,7 +57,9 @@ def cache_shardings(mesh, cfg, cache):
             return shd.named_sharding(mesh, ("batch",))
         if x.ndim == 2:  # page table [B, W]
             return shd.named_sharding(mesh, ("batch", None))
-        return shd.named_sharding(mesh, (None, None if paged else "batch", None, heads, None))
+        if paged:  # pool [L, Hkv, P, page, Dh]
+            return shd.named_sharding(mesh, (None, heads, None, None, None))
+        return shd.named_sharding(mesh, (None, "batch", None, heads, None))
 
     return jax.tree.map(spec, cache)
 

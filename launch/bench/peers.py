@@ -46,7 +46,15 @@ def _best(fn, reps: int) -> tuple[float, object]:
     return best, out
 
 
-def tunix_line(batch: int, prompt: int, new: int, max_context: int = 0, reps: int = 3, seed: int = 0) -> dict:
+def tunix_line(
+    batch: int,
+    prompt: int,
+    new: int,
+    max_context: int = 0,
+    reps: int = 3,
+    seed: int = 0,
+    kv_cache: str = "paged",
+) -> dict:
     """Ours vs Tunix's sampler on one tiny Qwen3, greedy: tokens/s of each and their ratio.
 
     ``max_context``: 0 sizes both KV caches to the request (prompt + new: Tunix's best case); otherwise both
@@ -80,13 +88,14 @@ def tunix_line(batch: int, prompt: int, new: int, max_context: int = 0, reps: in
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(10, cfg.vocab_size, prompt).tolist() for _ in range(batch)]
 
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=kv_cache)
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     if max_context:
 
         def ours():
             conv = svc.conversation(batch, max_context)
-            conv.cache = svc.new_cache(batch, max_context)  # the whole capacity, as Tunix's
+            if kv_cache == "dense":  # paged: the page table addresses max_context from the start
+                conv.cache = svc.new_cache(batch, max_context)  # the whole capacity, as Tunix's
             return conv.turn(prompts, jax.random.key(0), sp)
 
         ours_s, res = _best(ours, reps)
@@ -162,6 +171,7 @@ def tunix_line(batch: int, prompt: int, new: int, max_context: int = 0, reps: in
         "prompt_tokens": prompt,
         "new_tokens": new,
         "kv_cache": max_context or "prompt + new",
+        "ours_cache": kv_cache,
         "ours_tokens_s": round(generated / ours_s, 1),
         "tokens_s": round(generated / their_s, 1),
         "ratio": round(their_s / ours_s, 3),

