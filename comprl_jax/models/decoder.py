@@ -276,25 +276,34 @@ class Decoder(nnx.Module):
         positions = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]; RoPE position = cache position
         valid = jnp.arange(t)[None, :] < num_new[:, None]
         cos, sin = L.rope_cos_sin(cfg, positions)
+        # A paged cache's decode step on TPU / GPU: a Pallas paged-attention kernel ("tpu" / "gpu"); else None.
+        kernel = kv_cache.decode_kernel(cache, t)
 
-        def body(x, xs):
+        def body(carry, xs):
+            x, pools = carry
             p, layer = xs
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
-            # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
-            k_ctx, v_ctx, ctx_valid, heads_first = kv_cache.context(cache, layer)
-            attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, heads_first)
+            if kernel is None:
+                # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
+                # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
+                k_ctx, v_ctx, ctx_valid, heads_first = kv_cache.context(cache, layer)
+                attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, heads_first)
+            else:
+                # The kernel attends to the pool only: the layer's new key / value go into the carried pools first.
+                pools = kv_cache.write_layer(cache, pools, layer, k, v, num_new)
+                attn = kv_cache.attention_via_kernel(cache, pools, layer, q, kernel)
             x, _ = _finish(cfg, p, x, attn, valid)
-            return constrain_batch(x), (k, v)
+            return (constrain_batch(x), pools), (k, v)
 
         x = constrain_batch(self._embed(tokens))
+        pools = None if kernel is None else (cache.k, cache.v)
         new_k, new_v = [], []
         for (_, a, end, _), xs in self.layers.segments():
-            x, (k, v) = jax.lax.scan(body, x, (xs, jnp.arange(a, end)))
+            (x, pools), (k, v) = jax.lax.scan(body, (x, pools), (xs, jnp.arange(a, end)))
             new_k.append(k)
             new_v.append(v)
         cat = lambda parts: parts[0] if len(parts) == 1 else jnp.concatenate(parts)  # noqa: E731
-        new_cache = kv_cache.write(cache, cat(new_k), cat(new_v), num_new.astype(jnp.int32))
+        new_cache = kv_cache.write(cache, cat(new_k), cat(new_v), num_new.astype(jnp.int32), written=pools)
         if logits_at is not None:
             # Gather the hidden rows before the head: [B, T, V] float32 logits of a long prefill (32 x 2k x 49k
             # = 13 GB for SmolLM2) would dwarf the model, and the sampler only reads one position per row.

@@ -3,7 +3,7 @@
 ======================  ===========================================  ==========================================
                         :class:`KVCache` (dense)                     :class:`PagedKVCache`
 ======================  ===========================================  ==========================================
-storage                 ``k, v [L, B, S, Hkv, Dh]``: row ``b`` owns  ``k, v [L, P, page, Hkv, Dh]``: a pool of
+storage                 ``k, v [L, B, S, Hkv, Dh]``: row ``b`` owns  ``k, v [L, Hkv, P, page, Dh]``: a pool of
                         ``S`` slots, position ``s`` in slot ``s``    ``P`` pages; ``pages [B, W]`` maps row
                                                                      ``b``'s position ``s`` to page
                                                                      ``pages[b, s // page]``, offset
@@ -24,8 +24,11 @@ a 4-layer toy, WORKSPACE). Now a step reads the cache (the context) and attends 
 separately (:func:`comprl_jax.models.layers.attention_with_context`), and the single scatter at the end has no
 reader after it, so XLA updates the donated buffer in place.
 
-On TPU / GPU the paged context maps onto the Pallas ``ragged_paged_attention`` / ``paged_attention`` kernels
-(page table + lengths); on CPU the gather above is the kernel.
+A paged cache's decode step (``T = 1``) runs the Pallas ``paged_attention`` kernels on TPU / GPU
+(``models/paged_kernels.py``): each layer writes its new key and value into the pool (:func:`write_layer`, the pool
+carried through the layer scan) and the kernel attends over ``lengths + 1`` positions, since it returns no
+log-sum-exp to merge the new key's softmax part with; :func:`write` then only advances ``lengths``
+(``written=``). Prefills, dense caches and CPU keep the gather above (:func:`decode_kernel` says which).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from comprl_jax.models import paged_kernels
 from comprl_jax.models.config import ModelConfig
 
 # Logical axes of the dense KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
@@ -168,13 +172,17 @@ def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, b
     return k, v, valid, heads_first
 
 
-def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array):
+def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written=None):
     """Appends every layer's new keys and values: column ``t < num_new[b]`` of row ``b`` goes to position
     ``lengths[b] + t``; positions past the cache (or without a page) are dropped. ``lengths += num_new``.
 
     Args:
       k_new, v_new: ``[L, B, T, Hkv, Dh]``. num_new: ``[B]`` int32.
+      written: a paged decode step's ``(k, v)`` pools that already hold the new keys and values (the kernel
+        path's :func:`write_layer` inside the layer scan): they become the cache's pools, nothing is scattered.
     """
+    if written is not None:
+        return cache.replace(k=written[0], v=written[1], lengths=(cache.lengths + num_new).astype(jnp.int32))
     L, b, t = k_new.shape[:3]
     pos = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]
     valid = jnp.arange(t)[None, :] < num_new[:, None]
@@ -263,3 +271,54 @@ def attention_over_cache(
     o = jnp.einsum(f"bkgs,{kspec}->bkgd", p_ctx, v_ctx.astype(f32))
     o = (o + p_new[..., None] * v_new[:, 0, :, None, :].astype(f32)) / den[..., None]
     return o.reshape(b, 1, h * dh).astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------ paged decode through a Pallas kernel
+
+
+def decode_kernel(cache, t: int) -> str | None:
+    """``"tpu"`` / ``"gpu"`` when a step of ``t`` new tokens per row on ``cache`` attends through that Pallas
+    kernel (a paged cache's decode step on that platform, or forced: :func:`paged_kernels.forced`); None: the
+    gather path (:func:`context` + :func:`attention_over_cache`)."""
+    return paged_kernels.choose(cache, t)
+
+
+def write_layer(cache: PagedKVCache, pools, layer: jax.Array, k_new: jax.Array, v_new: jax.Array, num_new):
+    """The kernel path's in-scan write: layer ``layer``'s new key and value of a decode step into ``pools``
+    (the ``(k, v)`` pools carried through the layer scan) at position ``lengths[b]`` of each row with
+    ``num_new[b] > 0``; no page there (or past the page table): dropped, as in :func:`write`.
+
+    Args:
+      pools: ``(k, v)`` each ``[L, Hkv, P, page, Dh]``. k_new, v_new: ``[B, 1, Hkv, Dh]``. num_new: ``[B]``.
+    Returns:
+      the updated ``(k, v)``.
+    """
+    ps, n_pages = cache.page_size, cache.k.shape[2]
+    pos = cache.lengths
+    col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
+    page = jnp.take_along_axis(cache.pages, col[:, None], axis=1)[:, 0]
+    page = jnp.where((num_new > 0) & (pos < cache.capacity), page, n_pages)  # n_pages: out of bounds, dropped
+    off = pos % ps
+
+    n_layers, hkv, _, _, dh = cache.k.shape
+    # Global page ids in the pool viewed as [L * Hkv * P, page, Dh] (the kernels' view): one [Dh] row per
+    # (row, head), so the update has the pool's minor dims and XLA keeps the pool's layout (the kernel's).
+    gpage = (layer * hkv + jnp.arange(hkv)[None, :]) * n_pages + page[:, None]  # [B, Hkv]
+    gpage = jnp.where(page[:, None] < n_pages, gpage, n_layers * hkv * n_pages)
+
+    def put(pool, new):
+        flat = pool.reshape(n_layers * hkv * n_pages, ps, dh)
+        flat = flat.at[gpage, off[:, None]].set(new[:, 0].astype(pool.dtype), mode="drop")
+        return flat.reshape(pool.shape)
+
+    return put(pools[0], k_new), put(pools[1], v_new)
+
+
+def attention_via_kernel(
+    cache: PagedKVCache, pools, layer: jax.Array, q: jax.Array, kernel: str
+) -> jax.Array:
+    """A decode step's attention of ``q [B, 1, H, Dh]`` by the Pallas ``kernel`` over each row's context and its
+    own new key (written by :func:`write_layer` into ``pools``): ``lengths + 1`` positions (clamped to the page
+    table's capacity). Returns ``[B, 1, H * Dh]`` in ``q.dtype``."""
+    lengths = jnp.minimum(cache.lengths + 1, cache.capacity)
+    return paged_kernels.decode_attention(q, pools[0], pools[1], layer, cache.pages, lengths, kernel=kernel)
