@@ -202,21 +202,23 @@ def trainer(tmp_path_factory):
     tr.close()
 
 
-def _both(tr, sp, slots, ask=None, constraint_for=None, env_lag=1, turn_tokens=None):
+def _both(
+    tr, sp, slots, ask=None, constraint_for=None, env_lag=1, turn_tokens=None, sampler=None, specs=None
+):
     from comprl_jax.rollout.continuous import Continuous
     from comprl_jax.rollout.engine import Rollout
     from comprl_jax.rollout.lockstep import Lockstep
     from comprl_jax.rollout.pools import reset_all
     from comprl_jax.rollout.search_ask import NO_SEARCH_ASK, SearchAsk
 
-    specs = tr.episode_specs(tr.tasks.next(), guided=True)
+    specs = specs or tr.episode_specs(tr.tasks.next(), guided=True)
     for i, s in enumerate(specs):
         s.can_ask = ask is not None and s.guided
         if turn_tokens is not None:
             s.turn_tokens = turn_tokens[i % len(turn_tokens)]
     r = Rollout(
         tr.pools,
-        tr.actor.sampler,
+        sampler or tr.actor.sampler,
         tr.actor.model.tokenizer,
         sp,
         max_turns=4,
@@ -245,6 +247,31 @@ def _same(a, b):
             y.final_obs,
             y.asks,
         )
+
+
+def test_paged_kv_cache_plays_the_same_episodes(trainer):
+    """Issue 30: the actor's sampler on a paged KV cache (pages of 16; {role}.kv_cache = "paged"): both engines,
+    sampled, 8 episodes on 3 slots (parking moves page lists), give the dense lock-step engine's trajectories."""
+    from comprl_jax.sampling import SamplerService
+
+    s = trainer.actor.sampler
+    paged = SamplerService(
+        s.graphdef,
+        s.params,
+        s.cfg,
+        vocab=s.vocab,
+        stop_token_ids=s.stop_token_ids,
+        pad_id=s.pad_id,
+        kv_cache="paged",
+        page_size=16,
+    )
+    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
+    specs = trainer.episode_specs(trainer.tasks.next(), guided=True)  # the same tasks for both caches
+    lock, _, _ = _both(trainer, sp, 3, env_lag=2, specs=specs)
+    lock_p, cont_p, timing = _both(trainer, sp, 3, env_lag=2, sampler=paged, specs=specs)
+    _same(lock, lock_p)
+    _same(lock, cont_p)
+    assert timing["parked"] > 0
 
 
 @pytest.mark.parametrize("slots,greedy,env_lag", [(3, True, 1), (3, False, 2), (0, False, 1)])

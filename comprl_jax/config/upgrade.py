@@ -45,6 +45,8 @@ ADDED_KEYS = {
     # same math elsewhere (a run-time choice, like the mesh)
     "actor.attention": "auto",
     "extractor.attention": "auto",
+    "actor.kv_cache": "dense",  # runs before issue 30 had only the dense cache
+    "extractor.kv_cache": "dense",
     # runs before issue 28: evaluation played min(eval_tasks, ...) tasks, the offline bank was not deduplicated
     "train.eval_full_splits": False,
     "bank.offline_dedup": 0.0,

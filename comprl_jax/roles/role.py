@@ -198,6 +198,7 @@ def build_role(model: LoadedModel, name: str, cfg: RoleConfig, loss_cfg, rows: i
         stop_token_ids=stop_ids,
         pad_id=tok.pad_id,
         mesh=layout.mesh,
+        kv_cache=cfg.kv_cache,
     )
     return Role(
         name, model, state, update, logprobs, sampler, mesh, rows, layout,

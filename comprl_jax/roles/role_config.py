@@ -42,6 +42,7 @@ class RoleConfig:
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
     rollout_tensor: int = 0
+    kv_cache: str = "dense"  # the sampler's KV cache (sampling.service.KV_CACHES)
     pack: bool = True  # sequence packing of the update batches (roles.packing)
     attention: str = "auto"
 
@@ -68,6 +69,7 @@ class RoleConfig:
             "must be >= 0 (0 = chosen by memory)",
             self.rollout_tensor,
         )
+        check(self.kv_cache in ("dense", "paged"), "kv_cache", "must be 'dense' or 'paged'", self.kv_cache)
         check(self.attention in ATTENTION, "attention", f"must be one of {ATTENTION}", self.attention)
         check(self.logits_chunk >= 0, "logits_chunk", "must be >= 0 (0 = full logits)", self.logits_chunk)
 

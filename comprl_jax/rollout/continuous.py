@@ -4,8 +4,8 @@ pools, overlapped with decoding (the default engine, ``rollout.engine = "continu
 An episode takes a slot for its first turn, and every next turn is an incremental prefill of the new observation
 onto its KV row. When a reply ends, the episode's env step runs on the pool while the other slots keep decoding.
 With fewer slots than episodes (``rollout.slots``), an episode waiting on its env step gives its slot up when a
-ready episode needs one: its KV row is parked (copied into a parking store) and later continues in whichever slot
-is free. The host loop, per chunk ``c``:
+ready episode needs one: its KV row is parked (dense cache: copied into a parking store; paged: its page list moves
+to a park row on the host) and later continues in whichever slot is free. The host loop, per chunk ``c``:
 
 1. enter (one jitted call): ready episodes (in their own slot, or a free / freed one), then new episodes. The
    same call advances every other replying slot by one position;

@@ -115,6 +115,7 @@ class _Scheduler:
             s = self.slot_of.pop(b)
             del self.occupant[s]
             self.free.append(s)
+            self.engine.vacate([s])  # a paged cache takes its pages back now (dense: nothing to free)
         if b in self.park_row:
             self.engine.release([self.park_row.pop(b)])
 

@@ -71,3 +71,30 @@ class PageTable:
     def used(self) -> int:
         """Pages owned by some row."""
         return self.num_pages - len(self.free)
+
+    # -- moving page lists between rows (the slot engine's parking and compaction: host-side, nothing copied) --
+    def take(self, b: int) -> list[int]:
+        """Row ``b``'s pages, taken from it (the row then owns none) but not freed: the caller holds them (e.g. a
+        parked row) until :meth:`give` or :meth:`free_pages`."""
+        pages, self.owned[b] = self.owned[b], []
+        return pages
+
+    def give(self, b: int, pages: list[int]) -> None:
+        """Row ``b`` (owning no pages) takes ``pages`` (from :meth:`take`), in order."""
+        if self.owned[b]:
+            raise ValueError(f"row {b} owns {len(self.owned[b])} pages; release or take them first")
+        self.owned[b] = list(pages)
+
+    def free_pages(self, pages: list[int]) -> None:
+        """Pages held outside the table (from :meth:`take`) go back to the pool."""
+        self.free = sorted(self.free + list(pages))
+
+    def keep_rows(self, rows: list[int], total: int) -> None:
+        """A table of ``total`` rows whose row ``i`` is old row ``rows[i]`` (distinct; rows past ``len(rows)``
+        own nothing); the pages of the old rows not kept go back to the pool."""
+        if len(set(rows)) != len(rows) or len(rows) > total:
+            raise ValueError(f"keep_rows needs at most {total} distinct rows, got {rows}")
+        dropped = [p for b in range(self.rows) if b not in set(rows) for p in self.owned[b]]
+        self.owned = [self.owned[b] for b in rows] + [[] for _ in range(total - len(rows))]
+        self.rows = int(total)
+        self.free_pages(dropped)

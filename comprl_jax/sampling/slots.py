@@ -18,7 +18,9 @@ tokens therefore do not depend on which rows share the batch or on when it enter
 
 :class:`SlotBatch` is the host side. It holds the cache, the state and a mirror of each slot's cache length,
 grows the cache like :class:`~comprl_jax.sampling.Conversation` does, and picks each call's attention window
-from the rows' live context.
+from the rows' live context. On a paged cache (``SamplerService(kv_cache="paged")``) rows move by their page
+lists on the host (:class:`~comprl_jax.sampling.pages.PageTable`): parking and compaction copy nothing on device,
+and :func:`enter` gathers the entering rows' page-table rows instead of their keys and values.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 from comprl_jax.sampling.automaton import TokenAutomaton
 from comprl_jax.sampling.decode import FINISH_LENGTH, FINISH_STOP, advance_rows, prefill, row_keys
 from comprl_jax.sampling.filters import SamplingParams, select_tokens
+from comprl_jax.sampling.pages import PageTable
 from comprl_jax.sampling.stops import StopAutomaton
 
 
@@ -168,13 +171,16 @@ def enter(
     extend_fn: Any,
     window: int | None = None,
     prefill_groups: int = 1,
+    start: jax.Array | None = None,
 ):
     """New input for ``n`` slots (prefill, first token, fresh reply state), and one decode position for every
     other replying slot in the same call. Pure; jit with the keywords static.
 
     Args:
-      cache: the ``B``-slot KV cache; state: their :class:`SlotState`.
-      park: None, or the parking store (a ``[L, P, S, ...]`` cache with the same ``S``) that parked rows come from.
+      cache: the ``B``-slot KV cache (dense, or paged: then the host has given every entering slot its pages in
+        the page table, a parked row's included); state: their :class:`SlotState`.
+      park: None, or the parking store (a ``[L, P, S, ...]`` cache with the same ``S``) that parked rows come from
+        (dense only).
       slots: ``[n]`` int32 slot per entering row (``B`` = padding row, ignored).
       tokens: ``[n, T]`` int32 input, right-padded; num_new: ``[n]`` valid columns (>= 1 for real rows).
       reset: ``[n]`` bool, a new occupant: the slot's cache row starts empty.
@@ -183,6 +189,9 @@ def enter(
       key: PRNG key; key_ids: ``[n, 2]`` int32, row key ``fold_in(fold_in(key, a), b)``.
       window: static; the first ``window`` cache positions hold every entering row's context + input and every
         replying row's context + one token.
+      start: paged cache only: ``[n]`` int32, each entering row's cache length before its input (0 for a new
+        occupant, the park length for a parked row). A paged row's prefill gathers page-table rows, not k / v
+        rows, and writes into the shared pool (the replying rows' pages are disjoint from the entering rows').
     Returns:
       ``(cache, state)``.
     """
@@ -195,11 +204,20 @@ def enter(
     view, state = _decode_step(
         graphdef, params, view, state, entering, sp, stops, constraint, stop_arr, pad_id, extend_fn
     )
-    sub = view.replace(
-        k=view.k.at[:, slots].get(mode="fill", fill_value=0),
-        v=view.v.at[:, slots].get(mode="fill", fill_value=0),
-        lengths=jnp.where(reset, 0, view.lengths.at[slots].get(mode="fill", fill_value=0)),
-    )
+    paged = hasattr(view, "pages")
+    if (
+        paged
+    ):  # the entering rows' page-table rows over the whole pool; a padding row's: out of range, no page
+        sub = view.replace(
+            pages=view.pages.at[slots].get(mode="fill", fill_value=jnp.iinfo(jnp.int32).max),
+            lengths=start.astype(jnp.int32),
+        )
+    else:
+        sub = view.replace(
+            k=view.k.at[:, slots].get(mode="fill", fill_value=0),
+            v=view.v.at[:, slots].get(mode="fill", fill_value=0),
+            lengths=jnp.where(reset, 0, view.lengths.at[slots].get(mode="fill", fill_value=0)),
+        )
     if park is not None:
         pview = _window(park, window)
         parked = src >= 0
@@ -228,11 +246,14 @@ def enter(
         out_lp=jnp.zeros((n, N), jnp.float32),
     )
     fresh = _emit(fresh, logits, sp, stops, constraint, stop_arr, pad_id)
-    view = view.replace(
-        k=view.k.at[:, slots].set(sub.k, mode="drop"),
-        v=view.v.at[:, slots].set(sub.v, mode="drop"),
-        lengths=view.lengths.at[slots].set(sub.lengths, mode="drop"),
-    )
+    if paged:  # the pool came back from the prefill; the page table is the host's
+        view = view.replace(k=sub.k, v=sub.v, lengths=view.lengths.at[slots].set(sub.lengths, mode="drop"))
+    else:
+        view = view.replace(
+            k=view.k.at[:, slots].set(sub.k, mode="drop"),
+            v=view.v.at[:, slots].set(sub.v, mode="drop"),
+            lengths=view.lengths.at[slots].set(sub.lengths, mode="drop"),
+        )
     state = jax.tree.map(lambda s, f: s.at[slots].set(f, mode="drop"), state, fresh)
     return _unwindow(cache, view, window), state
 
@@ -306,6 +327,12 @@ def _take_rows(tree, idx):
         return x[:, idx] if x.ndim == 5 else x[idx]
 
     return jax.tree.map(take, tree)
+
+
+@jax.jit
+def _take_lengths(lengths, idx, pad):
+    """Paged compaction: rows ``idx`` of the cache lengths, 0 on padding rows."""
+    return jnp.where(pad, 0, lengths[idx]).astype(lengths.dtype)
 
 
 def _stop_arr(stop_ids):
@@ -385,6 +412,15 @@ class SlotBatch:
     Parking: :meth:`park` moves idle slots' KV rows into a parking store (a second cache, allocated on first use,
     rows in power-of-two buckets, the same positions as the slots' cache), so their slots can take other rows;
     an :class:`Entry` with ``park_row`` continues a parked row in any slot.
+
+    Paged (``service.kv_cache == "paged"``): the slots' cache is a page pool with a page table of ``B`` rows that
+    each address ``max_len`` positions (in whole pages), and a :class:`~comprl_jax.sampling.pages.PageTable` on
+    the host says which pages each row owns. Each :meth:`enter` reserves pages for every entering row's context +
+    input + reply and the replying rows' replies (the pool doubles when short) and sends the table before the
+    call. Rows move by their page lists, on the host: a new occupant (``reset``) releases its slot's pages first,
+    :meth:`park` moves a slot's pages and length to a park row (no device copy, no parking store), a parked row
+    continues in a slot by giving it those pages, :meth:`release` and :meth:`vacate` free pages, and
+    :meth:`compact` permutes page-table rows (the pool stays). Same tokens and log-probabilities as dense.
     """
 
     def __init__(
@@ -406,7 +442,19 @@ class SlotBatch:
         self.chunk_steps = int(chunk_steps)
         self.min_window = MIN_CACHE_SLOTS
         self.B = service.batch_bucket(slots)
-        self.cache = service.new_cache(self.B, min(self.max_len, MIN_CACHE_SLOTS))
+        self.pages: PageTable | None = None  # paged: which pages each slot's row owns
+        self.park_pages: list[list[int]] = []  # paged: each park row's pages (moved off its slot)
+        self._table_stale = False  # paged: the device's page table lags self.pages
+        if getattr(service, "kv_cache", "dense") == "paged":
+            # The table addresses max_len positions per row from the start; the pool holds MIN_CACHE_SLOTS
+            # positions per slot to begin with (the dense cache's first size) and doubles when rows need more.
+            ps = service.page_size
+            cap = -(-self.max_len // ps) * ps
+            first = self.B * -(-min(self.max_len, MIN_CACHE_SLOTS) // ps)
+            self.pages = PageTable(self.B, cap, ps, first)
+            self.cache = service.new_paged(self.B, cap, first)
+        else:
+            self.cache = service.new_cache(self.B, min(self.max_len, MIN_CACHE_SLOTS))
         self.state = jax.tree.map(
             lambda x: service._put(np.asarray(x)), init_state(self.B, sp.max_new_tokens, service.pad_id)
         )
@@ -427,7 +475,8 @@ class SlotBatch:
 
     @property
     def cache_len(self) -> int:
-        return int(self.cache.k.shape[2])
+        """Positions per row the cache addresses now (dense: grows with the rows; paged: ``max_len`` in pages)."""
+        return int(self.cache.capacity)
 
     def _window_for(self, need: int) -> int | None:
         from comprl_jax.sampling.service import bucket
@@ -439,14 +488,35 @@ class SlotBatch:
         """Room for ``need`` positions per row in the slots' cache and in the parking store alike."""
         from comprl_jax.sampling.service import bucket
 
+        if self.pages is not None:  # the page table addresses max_len already; pages are reserved per row
+            return
         if need > self.cache_len:
             size = min(self.max_len, bucket(need, minimum=self.min_window))
             self.cache = self.svc.grow_cache(self.cache, size)
         if self.park_store is not None and self.park_store.k.shape[2] < self.cache_len:
             self.park_store = self.svc.grow_cache(self.park_store, self.cache_len)
 
+    def _reserve_pages(self, needs: dict[int, int]) -> None:
+        """Paged: pages for ``needs[b]`` positions of slot ``b`` (the pool doubles until they fit)."""
+        short = self.pages.missing(needs)
+        if short:
+            size = self.pages.num_pages
+            while size - self.pages.num_pages < short:
+                size *= 2
+            self.cache = self.svc.grow_pool(self.cache, size)
+            self.pages.grow_to(size)
+        self.pages.reserve(needs)
+        self._table_stale = True
+
+    def _send_table(self) -> None:
+        """Paged: the host's page table to the device (before a call that reads it)."""
+        if self.pages is not None and self._table_stale:
+            self.cache = self.cache.replace(pages=self.svc._put(self.pages.table()))
+            self._table_stale = False
+
     def park(self, slots: Sequence[int]) -> list[int]:
         """Moves the KV rows of ``slots`` (idle: not replying) into free park rows; the slots are then free.
+        Paged: their page lists and lengths move to the park rows on the host; nothing is copied on device.
 
         Returns:
           the park row of each slot, for the :class:`Entry` that continues it (which frees the park row).
@@ -463,21 +533,29 @@ class SlotBatch:
         if len(self.park_free) < len(slots):
             rows = self.park_lengths.shape[0]
             size = self.svc.batch_bucket(rows + len(slots) - len(self.park_free))
-            new = self.svc.new_cache(size, self.cache_len)
-            if self.park_store is not None:
-                with self.svc._lock, self.svc._mesh_ctx():
-                    new = _grow_rows(self.park_store, new)
-            self.park_store = new
+            if self.pages is None:
+                new = self.svc.new_cache(size, self.cache_len)
+                if self.park_store is not None:
+                    with self.svc._lock, self.svc._mesh_ctx():
+                        new = _grow_rows(self.park_store, new)
+                self.park_store = new
+            else:
+                self.park_pages += [[] for _ in range(size - rows)]
             self.park_free += list(range(rows, size))
             self.park_lengths = np.concatenate([self.park_lengths, np.zeros(size - rows, np.int64)])
         self.park_free.sort()
         rows = [self.park_free.pop(0) for _ in slots]
-        n = bucket(len(slots), minimum=1)
-        src = np.full((n,), self.B, np.int32)
-        dst = np.full((n,), self.park_lengths.shape[0], np.int32)
-        src[: len(slots)], dst[: len(slots)] = slots, rows
-        with self.svc._lock, self.svc._mesh_ctx():
-            self.park_store = _park(self.cache, self.park_store, jnp.asarray(src), jnp.asarray(dst))
+        if self.pages is None:
+            n = bucket(len(slots), minimum=1)
+            src = np.full((n,), self.B, np.int32)
+            dst = np.full((n,), self.park_lengths.shape[0], np.int32)
+            src[: len(slots)], dst[: len(slots)] = slots, rows
+            with self.svc._lock, self.svc._mesh_ctx():
+                self.park_store = _park(self.cache, self.park_store, jnp.asarray(src), jnp.asarray(dst))
+        else:  # the slot's page list is the parked row (the device's table is sent before the next call)
+            for s, r in zip(slots, rows, strict=True):
+                self.park_pages[r] = self.pages.take(s)
+            self._table_stale = True
         for s, r in zip(slots, rows, strict=True):
             self.park_lengths[r] = self.lengths[s]
             self.lengths[s] = self.reserved[s] = 0
@@ -485,12 +563,27 @@ class SlotBatch:
         return rows
 
     def release(self, rows: Sequence[int]) -> None:
-        """Frees park rows that will not be continued (their episode ended while parked)."""
+        """Frees park rows that will not be continued (their episode ended while parked); paged: their pages."""
         for r in rows:
             if r in self.park_free or not 0 <= r < self.park_lengths.shape[0]:
                 raise ValueError(f"park row {r} holds no parked row")
             self.park_free.append(int(r))
             self.park_lengths[r] = 0
+            if self.pages is not None:
+                self.pages.free_pages(self.park_pages[r])
+                self.park_pages[r] = []
+
+    def vacate(self, slots: Sequence[int]) -> None:
+        """Slots whose occupant ended (idle): paged, their pages go back to the pool now rather than when a new
+        occupant enters (``reset``). Dense: nothing to free. A vacated slot's next entry is a new occupant or a
+        parked row."""
+        for s in slots:
+            if s in self.replying:
+                raise ValueError(f"slot {s} is still replying")
+            if self.pages is not None:
+                self.pages.release(int(s))
+                self.lengths[s] = self.reserved[s] = 0
+                self._table_stale = True
 
     def enter(self, entries: Sequence[Entry], key) -> None:
         """Prefills each entry into its slot and samples its reply's first token, while every other replying slot
@@ -499,6 +592,7 @@ class SlotBatch:
 
         if not entries:
             return
+        starts: list[int] = []  # each entry's cache length before its input
         for e in entries:
             if not e.tokens:
                 raise ValueError(f"slot {e.slot}: an entry needs at least one input token")
@@ -508,7 +602,9 @@ class SlotBatch:
                 raise ValueError(
                     f"max_new {e.max_new} exceeds SamplingParams.max_new_tokens={self.sp.max_new_tokens}"
                 )
-            if e.park_row >= 0 and (e.reset or e.park_row in self.park_free or self.park_store is None):
+            if e.park_row >= 0 and (
+                e.reset or e.park_row in self.park_free or e.park_row >= self.park_lengths.shape[0]
+            ):
                 raise ValueError(f"slot {e.slot}: park row {e.park_row} holds no parked row to continue")
             if e.reset:
                 start = 0
@@ -519,10 +615,20 @@ class SlotBatch:
             need = start + len(e.tokens) + e.max_new
             if need > self.max_len:
                 raise ValueError(f"slot {e.slot}: context {need} tokens exceeds max_len={self.max_len}")
+            starts.append(start)
             self.lengths[e.slot] = start + len(e.tokens)
             self.reserved[e.slot] = need
         going = sorted(self.replying)  # they decode one position in this call
-        self._grow(int(max(self.reserved[going + [e.slot for e in entries]])))
+        if self.pages is not None:
+            for e in entries:  # the slot's old context goes for a new occupant or a parked row
+                if e.reset or e.park_row >= 0:
+                    self.pages.release(e.slot)
+                if e.park_row >= 0:
+                    self.pages.give(e.slot, self.park_pages[e.park_row])
+                    self.park_pages[e.park_row] = []
+            self._reserve_pages({b: int(self.reserved[b]) for b in going + [e.slot for e in entries]})
+        else:
+            self._grow(int(max(self.reserved[going + [e.slot for e in entries]])))
         n = bucket(len(entries), minimum=1)
         T = bucket(max(len(e.tokens) for e in entries), minimum=16)
         slots = np.full((n,), self.B, np.int32)
@@ -550,7 +656,13 @@ class SlotBatch:
         self.decode_steps += 1
         self.slot_steps += self.B
         put = jnp.asarray
-        use_park = bool((src >= 0).any())
+        use_park = self.pages is None and bool((src >= 0).any())
+        extra = {}
+        if self.pages is not None:
+            start = np.zeros((n,), np.int32)
+            start[: len(entries)] = starts
+            extra["start"] = put(start)
+            self._send_table()
         with self.svc._lock, self.svc._mesh_ctx():
             self.cache, self.state = self._enter(
                 self.svc.graphdef,
@@ -574,6 +686,7 @@ class SlotBatch:
                 pad_id=self.svc.pad_id,
                 window=window,
                 prefill_groups=self.svc.prefill_groups(n, T) if n % 2 == 0 else 1,
+                **extra,
             )
         for e in entries:
             self.replying.add(e.slot)
@@ -590,6 +703,7 @@ class SlotBatch:
         need = int(max(min(self.lengths[b] + self.chunk_steps, self.reserved[b]) for b in rows))
         watch = np.zeros((self.B,), bool)
         watch[rows] = True
+        self._send_table()
         with self.svc._lock, self.svc._mesh_ctx():
             self.cache, self.state, steps = self._advance(
                 self.svc.graphdef,
@@ -612,6 +726,9 @@ class SlotBatch:
         """Moves the slots ``keep`` into a cache of ``batch_bucket(len(keep))`` rows when that is smaller (the tail
         of a rollout: fewer live episodes than slots, and a decode step's cost follows the rows it runs).
 
+        Paged: the kept rows' page-table rows and lengths are permuted (the pool stays); the other rows' pages
+        are freed.
+
         Returns:
           ``{old slot: new slot}`` (identity when nothing shrinks).
         """
@@ -622,7 +739,13 @@ class SlotBatch:
         idx = np.asarray(keep + [keep[0]] * (newB - len(keep)), np.int32)
         pad = np.arange(newB) >= len(keep)
         with self.svc._lock, self.svc._mesh_ctx():
-            self.cache = _take_rows(self.cache, jnp.asarray(idx))
+            if self.pages is None:
+                self.cache = _take_rows(self.cache, jnp.asarray(idx))
+            else:
+                self.pages.keep_rows(keep, newB)  # padding rows own no page
+                lengths = _take_lengths(self.cache.lengths, jnp.asarray(idx), jnp.asarray(pad))
+                self.cache = self.cache.replace(pages=self.svc._put(self.pages.table()), lengths=lengths)
+                self._table_stale = False
             state = _take_rows(self.state, jnp.asarray(idx))
             self.state = state.replace(done=state.done | jnp.asarray(pad))  # padding rows never reply
         self.lengths, self.reserved = self.lengths[idx].copy(), self.reserved[idx].copy()
@@ -643,6 +766,8 @@ class SlotBatch:
         self.decode_steps += int(steps)
         self.slot_steps += int(steps) * self.B
         self.lengths[:] = clen
+        if self.pages is not None:  # a slot whose pages moved away (parked, vacated) holds nothing
+            self.lengths[np.array([not p for p in self.pages.owned], bool)] = 0
         out = []
         for b in sorted(self.replying):
             if done[b]:
