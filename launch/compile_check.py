@@ -135,7 +135,7 @@ def parse_args(argv):
         "--param_dtype", default="", help="parameter dtype (default <role>.param_dtype or float32)"
     )
     p.add_argument(
-        "--moe_dispatch", default="", help="MoE models: dropless | capacity (default: the model's)"
+        "--moe_dispatch", default="", help="MoE models: dropless | capacity | gmm (default: the model's)"
     )
     p.add_argument(
         "--attention",

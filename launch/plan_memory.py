@@ -213,7 +213,8 @@ def update_activation_bytes(
     out = {}
     if cfg.moe_layers:
         k, e, t_fm = cfg.num_experts_per_tok, cfg.num_experts, -(-cfg.moe_intermediate_size // tensor)
-        slots = k if cfg.moe_dispatch == "dropless" else cfg.capacity_factor * k
+        exact = cfg.moe_dispatch != "capacity"  # dropless and gmm route every assignment (k slots per token)
+        slots = k if exact else cfg.capacity_factor * k
         moe_layer = int(tokens * ((attn_and_norms + slots * (2 * d + 3 * t_fm) + k * d) * cd + 2 * e * 4) * 2)
         layer = max(layer, moe_layer)
         if cfg.moe_dispatch == "dropless":
