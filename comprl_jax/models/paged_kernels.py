@@ -104,9 +104,9 @@ def choose(cache, t: int) -> str | None:
     """``"tpu"`` / ``"gpu"``: the kernel a step of ``t`` new tokens per row on ``cache`` runs; None: the gather
     path (dense caches, prefills, CPU, or a shape the kernel cannot take; the last logged once)."""
     from comprl_jax.models import attention
-    from comprl_jax.models.kv_cache import PagedKVCache
 
-    if not isinstance(cache, PagedKVCache) or t != 1 or KERNEL == "gather":
+    # A paged cache is the one with a page table (kv_cache imports this module: no import back).
+    if not hasattr(cache, "pages") or t != 1 or KERNEL == "gather":
         return None
     if KERNEL not in CHOICES:
         raise ValueError(f"paged kernel {KERNEL!r}; use one of {CHOICES}")
