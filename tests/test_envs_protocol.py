@@ -12,6 +12,7 @@ ENV_IDS = [
     "comprl/Sokoban-6x6-2-v0",
     "comprl/ALFWorld-v0",
     "comprl/WebShop-v0",
+    "comprl/HiddenRule-v0",
 ]
 
 

@@ -48,14 +48,17 @@ def load_file(path_variant: str) -> ml_collections.ConfigDict:
     return module.get_config(variant)
 
 
-def build(arg: str | None, experiment: str, edit=None) -> ml_collections.ConfigDict:
-    """The common tail of every ``configs/*.py:get_config``: base -> experiment edit -> scale -> method -> lock."""
+def build(arg: str | None, experiment: str, edit=None, after_scale=None) -> ml_collections.ConfigDict:
+    """The common tail of every ``configs/*.py:get_config``: base -> experiment edit -> scale -> the experiment's
+    own sizes at that scale (``after_scale(c, scale)``, e.g. HiddenRule's tasks per step) -> method -> lock."""
     scale, method, extras = parse_variant(arg)
     c = base_config()
     c.experiment = experiment
     if edit is not None:
         edit(c, scale, extras)
     apply_scale(c, scale)
+    if after_scale is not None:
+        after_scale(c, scale)
     if method is not None:
         apply_method(c, method)
     return finalize(c)

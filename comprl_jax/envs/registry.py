@@ -60,6 +60,9 @@ class EnvSpec:
     # data by tests/test_envs_alfworld.py and tests/test_envs_webshop.py
     eval_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
     limits: Limits = Limits()
+    # the constructor argument that takes the run's seed (``Pools(run_seed=)``; the trainer passes ``seed``): an
+    # env whose hidden rules are drawn once per run (HiddenRule); None for the others
+    run_seed_kwarg: str | None = None
 
     def __post_init__(self):
         if self.levels not in LEVELS:
@@ -88,6 +91,7 @@ def register(
     failure_reward: float = 0.0,
     eval_sizes: dict[str, int] | None = None,
     limits: Limits = Limits(),
+    run_seed_kwarg: str | None = None,
     **kwargs: Any,
 ) -> EnvSpec:
     """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``; ``kwargs`` go to the constructor.
@@ -104,6 +108,7 @@ def register(
         failure_reward,
         dict(eval_sizes or {}),
         limits,
+        run_seed_kwarg,
     )
     _REGISTRY[env_id] = spec
     return spec
@@ -142,6 +147,15 @@ register(
     limits=Limits(context=16384),
 )
 
+# HiddenRule (issue 31): 16 families of locked objects, each opened by its own secret action drawn from the run's
+# seed; a lesson from one instance holds for its whole family. Held-out instances: new place names.
+register(
+    "comprl/HiddenRule-v0",
+    "comprl_jax.envs.hidden_rule:HiddenRuleEnv",
+    run_seed_kwarg="rule_seed",
+    limits=Limits(max_turns=4),
+)
+
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)
 
 
@@ -174,6 +188,13 @@ def make(env_id: str, **kwargs: Any) -> TextEnv:
     """Builds the environment ``env_id``; ``kwargs`` override the registered ones (e.g. ``max_turns=40``)."""
     s = spec(env_id)
     return make_from_entry_point(s.entry_point, **{**s.kwargs, **kwargs})
+
+
+def run_kwargs(env_id: str, run_seed: int | None) -> dict[str, Any]:
+    """The constructor arguments a run adds for ``env_id``: its seed where the env draws per-run rules from it
+    (:attr:`EnvSpec.run_seed_kwarg`); ``{}`` otherwise or without a seed."""
+    s = spec(env_id)
+    return {s.run_seed_kwarg: int(run_seed)} if s.run_seed_kwarg and run_seed is not None else {}
 
 
 def failure_reward(env_id: str) -> float:

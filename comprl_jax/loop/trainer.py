@@ -73,9 +73,12 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, config, workdir: str):
+    def __init__(self, config, workdir: str, *, engine=None):
         """``config``: the run's ``ConfigDict`` (or its JSON tree): opened here, once, as a typed
-        :class:`~comprl_jax.config.run.RunConfig`; the components below are built from its sections."""
+        :class:`~comprl_jax.config.run.RunConfig`; the components below are built from its sections.
+        ``engine``: a rollout engine in place of ``rollout.engine``'s (an :class:`~comprl_jax.rollout.engine.Engine`;
+        a scripted actor of launch/bench/experience_matters.py, for experiments that script one side of the loop)."""
+        self.engine_override = engine
         # the tree checkpoints record (what the run was started with)
         self.config_tree = json.loads(
             config.to_json_best_effort() if hasattr(config, "to_json_best_effort") else json.dumps(config)
@@ -95,7 +98,7 @@ class Trainer:
         self.limits = {e: registry.capped(e, *caps) for e in cfg.env.tasks}
         turns = {e: lim.max_turns for e, lim in self.limits.items()}
         e = cfg.env
-        self.pools = Pools(e.tasks, slots, e.workers, e.backend, turns, e.step_timeout_s)
+        self.pools = Pools(e.tasks, slots, e.workers, e.backend, turns, e.step_timeout_s, run_seed=cfg.seed)
         self._eval_pools: dict[str | None, Pools] = {}
         # Device meshes (None, None on one device). Multi-process: host state is replicated, see distributed.py.
         self.actor_mesh, self.extractor_mesh = dist.build_meshes(cfg.mesh)
@@ -364,7 +367,8 @@ class Trainer:
             if ask is None
             else SearchAsk(ask, self.config.retrieval.search_and_ask_max),
         )
-        trajs, timing = make_engine(self.config.rollout, gather).play(rollout, specs, resets, key)
+        engine = self.engine_override or make_engine(self.config.rollout, gather)
+        trajs, timing = engine.play(rollout, specs, resets, key)
         timing["rollout_s"] = time.perf_counter() - t0
         if record:
             self._event("actor_rollout", step, w0, time.time())
@@ -579,6 +583,7 @@ class Trainer:
                 {e: self.limits[e].max_turns for e in envs},
                 cfg.env.step_timeout_s,
                 env_kwargs=None if split is None else {"split": split},
+                run_seed=cfg.seed,
             )
         return self._eval_pools[split]
 

@@ -30,9 +30,11 @@ class Pools:
         max_turns: int | Mapping[str, int],
         timeout_s: float,
         env_kwargs: dict | None = None,
+        run_seed: int | None = None,
     ):
         """``max_turns``: one value for every env, or one per env id; ``env_kwargs``: extra constructor arguments of
-        every env (e.g. ``{"split": "valid_unseen"}``)."""
+        every env (e.g. ``{"split": "valid_unseen"}``); ``run_seed``: the run's seed, for envs that draw per-run
+        rules from it (``registry.run_kwargs``: HiddenRule's ``rule_seed``)."""
         from comprl_jax.envs import registry
 
         self.pools: dict[str, EnvPool] = {}
@@ -40,7 +42,7 @@ class Pools:
         self.action_spaces: dict[str, tuple[tuple[str, ...] | None, str | None]] = {}
         for env_id in env_ids:
             turns = max_turns[env_id] if isinstance(max_turns, Mapping) else max_turns
-            kwargs = {"max_turns": int(turns), **(env_kwargs or {})}
+            kwargs = {"max_turns": int(turns), **registry.run_kwargs(env_id, run_seed), **(env_kwargs or {})}
             self.pools[env_id] = EnvPool(
                 env_id,
                 slots_per_env,

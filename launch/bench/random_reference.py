@@ -48,9 +48,10 @@ def main(argv):
     del argv
     c = config_lib.load_file(_CONFIG.value)
     (env_id,) = c.env.tasks
-    env = registry.make(env_id, max_turns=c.env.max_turns)
-    K, turns = c.rollout.group_size, c.env.max_turns
+    K, turns = c.rollout.group_size, registry.capped(env_id, c.env.max_turns, 1, 1).max_turns
     for seed in [int(s) for s in _SEEDS.value.split(",")]:
+        # the run's own env: HiddenRule draws its rules from the run's seed (registry.run_kwargs)
+        env = registry.make(env_id, max_turns=turns, **registry.run_kwargs(env_id, seed))
         rng = np.random.default_rng([seed, 4242])
         sampler = TaskSampler(c.env.tasks, c.rollout.tasks_per_step, seed)
         per_step = []
@@ -76,7 +77,7 @@ def main(argv):
             ),
             flush=True,
         )
-    env.close()
+        env.close()
 
 
 if __name__ == "__main__":
