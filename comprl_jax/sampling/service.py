@@ -247,6 +247,20 @@ class SamplerService:
         with self._lock, self._mesh_ctx():
             return _grow_fn(jax.tree.map(lambda x: x.sharding, new))(cache, new)
 
+    def reserve_pages(self, cache, pages, needs: dict[int, int]):
+        """Pages of ``pages`` (a :class:`~comprl_jax.sampling.pages.PageTable`) for ``needs[b]`` positions of row
+        ``b``; the pool of the paged ``cache`` doubles until they fit. Returns the cache (grown or the same); the
+        device copy of the page table is the caller's to refresh."""
+        short = pages.missing(needs)
+        if short:
+            size = pages.num_pages
+            while size - pages.num_pages < short:
+                size *= 2
+            cache = self.grow_pool(cache, size)
+            pages.grow_to(size)
+        pages.reserve(needs)
+        return cache
+
     @functools.lru_cache(maxsize=16)  # noqa: B019 -- one compiled zeros-maker per pool shape
     def _paged_maker(self, batch: int, max_len: int, num_pages: int):
         init_paged = _paged_fns()[0]
@@ -553,12 +567,5 @@ class Conversation:
 
     def _reserve_pages(self, needs: dict[int, int]) -> None:
         """Pages for each row's positions this turn (the pool doubles until they fit), then the device's table."""
-        short = self.pages.missing(needs)
-        if short:
-            size = self.pages.num_pages
-            while size - self.pages.num_pages < short:
-                size *= 2
-            self.cache = self.service.grow_pool(self.cache, size)
-            self.pages.grow_to(size)
-        self.pages.reserve(needs)
+        self.cache = self.service.reserve_pages(self.cache, self.pages, needs)
         self.cache = self.cache.replace(pages=self.service._put(self.pages.table()))

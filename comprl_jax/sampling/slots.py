@@ -498,14 +498,7 @@ class SlotBatch:
 
     def _reserve_pages(self, needs: dict[int, int]) -> None:
         """Paged: pages for ``needs[b]`` positions of slot ``b`` (the pool doubles until they fit)."""
-        short = self.pages.missing(needs)
-        if short:
-            size = self.pages.num_pages
-            while size - self.pages.num_pages < short:
-                size *= 2
-            self.cache = self.svc.grow_pool(self.cache, size)
-            self.pages.grow_to(size)
-        self.pages.reserve(needs)
+        self.cache = self.svc.reserve_pages(self.cache, self.pages, needs)
         self._table_stale = True
 
     def _send_table(self) -> None:
