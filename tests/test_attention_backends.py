@@ -13,7 +13,6 @@ others, and backends may differ there.
 """
 
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from trainer_helpers import libtpu_path
 
 from comprl_jax.config import upgrade
 from comprl_jax.models import attention as A
@@ -33,7 +33,6 @@ from comprl_jax.models.config import ModelConfig
 from comprl_jax.roles.role_config import ActorConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBTPU_DIR = os.path.join(REPO, ".libtpu")
 # float32 parity: the backends sum in another order (blocks, online softmax), so agreement is to rounding.
 ATOL = RTOL = 2e-5
 
@@ -195,17 +194,11 @@ _TPU_SCRIPT = textwrap.dedent(
 )
 
 
-def _libtpu_path() -> str | None:
-    if importlib.util.find_spec("libtpu") is not None:
-        return ""
-    return LIBTPU_DIR if os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")) else None
-
-
 @pytest.mark.slow
 def test_splash_compiles_for_v5p_and_auto_picks_it():
     """Forward + gradient of a tiny decoder compiled for v5p:2x2x1 (4 chips, rows split over fsdp=4 in
     shard_map): the Mosaic kernels are in the HLO, and ``auto`` picks splash for that mesh on this CPU host."""
-    libtpu = _libtpu_path()
+    libtpu = libtpu_path()
     if libtpu is None:
         pytest.skip("libtpu is not importable (`make libtpu` installs it into .libtpu/)")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

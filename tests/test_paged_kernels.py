@@ -4,7 +4,6 @@ the kernel (exact on bfloat16-representable pages) and through ``Decoder.extend`
 scattered pages, ragged lengths and an idle row; the choice per platform; and a subprocess that compiles a
 decode step for a v5p:2x2x1 topology (libtpu) and finds the Mosaic kernel in the HLO with no copy of the pool."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from trainer_helpers import libtpu_path
 
 from comprl_jax.models import ModelConfig, init_decoder
 from comprl_jax.models import decoder as D
@@ -22,7 +22,6 @@ from comprl_jax.models import kv_cache as KV
 from comprl_jax.models import paged_kernels as PK
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBTPU_DIR = os.path.join(REPO, ".libtpu")
 
 
 @pytest.mark.parametrize("kernel", ["tpu", "gpu"])
@@ -146,18 +145,12 @@ _TPU_SCRIPT = textwrap.dedent(
 )
 
 
-def _libtpu_path() -> str | None:
-    if importlib.util.find_spec("libtpu") is not None:
-        return ""
-    return LIBTPU_DIR if os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")) else None
-
-
 @pytest.mark.slow
 def test_paged_decode_compiles_for_v5p_with_the_mosaic_kernel():
     """A paged decode step of a tiny Qwen3 (bf16, head_dim 128; rows over fsdp=4) compiled for v5p:2x2x1: auto
     picks the TPU kernel, the Mosaic custom call is in the HLO, and the pool is never copied (the in-scan write
     keeps its layout); a prefill keeps the gather path (no kernel)."""
-    libtpu = _libtpu_path()
+    libtpu = libtpu_path()
     if libtpu is None:
         pytest.skip("libtpu is not importable (`make libtpu` installs it into .libtpu/)")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

@@ -5,6 +5,18 @@ import os
 from comprl_jax import config as config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBTPU_DIR = os.path.join(REPO, ".libtpu")  # `make libtpu`: the TPU compiler for AOT compiles on this CPU
+
+
+def libtpu_path() -> str | None:
+    """Where libtpu is: "" when installed in the environment, ``LIBTPU_DIR`` when `make libtpu` put it there,
+    else None (the TPU-compile tests skip)."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        return ""
+    return LIBTPU_DIR if os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")) else None
+
 
 # Smallest settings that still exercise every part of a step (guided + free, distil, merge, extractor update).
 MINI = {
