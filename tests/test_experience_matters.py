@@ -6,11 +6,13 @@ the action a lesson names and is uniform without one. The slow tests run each si
 """
 
 import importlib.util
+import json
 import math
 import os
 import sys
 
 import numpy as np
+import pytest
 from trainer_helpers import REPO
 
 from comprl_jax.envs import hidden_rule as hr
@@ -128,3 +130,47 @@ def test_a_lesson_written_after_one_success_reaches_its_family_and_changes_what_
         assert r["guided_hit"] == 1.0 and r["guided"] >= r["hit"] - 1e-9
     assert summary["hit_second_half"] > summary["hit_first_half"]  # the bank covers more families as it grows
     assert abs(summary["free_second_half"] - 0.125) < 4 * math.sqrt(0.125 * 0.875 / n)
+
+
+def test_lesson_audit_reads_the_op_log_of_a_finished_run(tmp_path):
+    em = _bench()
+    seed = 5
+    rules = hr.rules(seed)
+    fam, other = hr.FAMILIES[0], hr.FAMILIES[7]
+    right, wrong = rules[fam][0], next(a for a in hr.ACTIONS if a != rules[fam][0])
+    run = tmp_path / "complementary_s5"
+    (run / "experience" / "4").mkdir(parents=True)
+    (run / "experience" / "2").mkdir(parents=True)  # an older save: not read
+    cfg = {"seed": seed, "method": "complementary", "env": {"tasks": [ENV]}, "train": {"steps": 4}}
+    (run / "config.json").write_text(json.dumps(cfg))
+
+    def add(step, family, success, text, kind="distill"):
+        prompt = distill_prompt(
+            f"Open the {family} in the attic.", success, "Action: <answer>x</answer>", [], 200
+        )
+        return {"op": "add", "uid": 0, "text": text, "step": step, "prompt": prompt, "kind": kind}
+
+    ops = [
+        add(0, fam, True, f"<title>{fam}</title><content>use {right}</content>"),  # right, names the family
+        add(1, fam, True, f"<title>x</title><content>{wrong} then {right}</content>"),  # first named is wrong
+        add(1, other, False, "<title>y</title><content>nothing</content>"),
+        add(3, fam, True, f"<title>z</title><content>red{right}doorx</content>"),  # glued: right and family
+        add(3, fam, True, "<title>m</title><content>merged</content>", kind="merge"),  # a merge: not counted
+        {"op": "touch", "uids": [0], "now": 1.0},
+    ]
+    (run / "experience" / "4" / "oplog.jsonl").write_text("".join(json.dumps(o) + "\n" for o in ops))
+    out = em.audit_run(str(run))
+    assert out["lessons"] == 4
+    assert out["after_success_first_half_n"] == 2
+    assert out["after_success_first_half_named"] == 1.0 and out["after_success_first_half_right"] == 0.5
+    assert out["after_success_first_half_family"] == 0.5
+    assert out["after_failure_first_half_n"] == 1 and out["after_failure_first_half_named"] == 0.0
+    assert out["after_success_second_half_n"] == 1 and out["after_success_second_half_right"] == 1.0
+    assert out["after_success_second_half_family"] == 1.0
+    assert out["after_failure_second_half_n"] == 0 and out["after_failure_second_half_right"] is None
+    json.dumps(out, allow_nan=False)
+    # a run of a method without experience: the error names the directory
+    (tmp_path / "baseline_s5").mkdir()
+    (tmp_path / "baseline_s5" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FileNotFoundError, match="no saved experience under"):
+        em.audit_run(str(tmp_path / "baseline_s5"))

@@ -147,7 +147,8 @@ def test_every_import_in_the_package_goes_down_the_layers():
 
 def test_launch_scripts_the_tests_import_share_one_process_without_flag_clashes():
     """absl allows one definition of a flag name per process, and pytest-xdist puts tests that import
-    launch/plan_memory.py, launch/reproduce.py and launch/bench/learning.py in one worker in any order (a
+    launch/plan_memory.py, launch/reproduce.py, launch/bench/learning.py, compare_stat.py and experience_matters.py
+    in one worker in any order (a
     DuplicateFlagError failed nine tests of one CI run)."""
     import subprocess
     import sys
@@ -155,7 +156,9 @@ def test_launch_scripts_the_tests_import_share_one_process_without_flag_clashes(
     code = (
         "import importlib.util, sys\n"
         "for name, path in [('bench_learning', 'launch/bench/learning.py'), ('plan_memory', 'launch/plan_memory.py'),"
-        " ('reproduce', 'launch/reproduce.py')]:\n"
+        " ('reproduce', 'launch/reproduce.py'),"
+        " ('bench_compare_stat', 'launch/bench/compare_stat.py'),"
+        " ('bench_experience_matters', 'launch/bench/experience_matters.py')]:\n"
         "    spec = importlib.util.spec_from_file_location(name, path)\n"
         "    mod = importlib.util.module_from_spec(spec)\n"
         "    sys.modules[name] = mod\n"

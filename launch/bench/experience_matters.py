@@ -17,6 +17,12 @@
 * ``--side=both``: nothing trains; the oracle writes and the reader reads. What it checks is the information path
   itself: a lesson written after one success reaches later episodes of the same family through the real bank,
   embedder, Eq. 6 retrieval and system prompt, and changes what they do (guided success above free).
+* ``--audit=GLOB``: no training; reads the experience op log of finished runs (e.g. the complementary arms of
+  ``compare_cpu.sh``) and prints one line per run (``bench: "lesson_audit"``): of the lessons the extractor added
+  after a success and after a failure, the share that names any valid action, the share whose first named action
+  is the rule of the episode's family (``right``; chance among named ones 1/8), and the share that names the
+  family (colour and kind), over the first and the second half of the run's steps. What the full loop's extractor
+  writes, the link ``--side=extractor`` checks with a scripted reader.
 * ``--prefill`` (actor and both sides): the bank starts with one true lesson per family, so that reading can be
   measured from step 0 without waiting for the bank to cover the 16 families.
 
@@ -281,6 +287,61 @@ def run(
     return {"rows": rows, "summary": summary}
 
 
+def _last_experience_dir(run_dir: str) -> str:
+    root = os.path.join(run_dir, "experience")
+    steps = (
+        sorted((int(d) for d in os.listdir(root) if d.isdigit()), reverse=True) if os.path.isdir(root) else []
+    )
+    if not steps:
+        raise FileNotFoundError(
+            f"no saved experience under {root!r}: is {run_dir!r} a finished run of a method with experience?"
+        )
+    return os.path.join(root, str(steps[0]))
+
+
+def audit_run(run_dir: str) -> dict:
+    """The lessons a run's extractor added (``add`` ops of distillation calls in the op log of its last saved
+    experience): per outcome of the source episode and per half of the steps, the share naming any action
+    (``named``), the share whose first named action is the family's rule (``right``) and the share naming the
+    family (colour and kind anywhere in it: ``family``). The rules are those of the run's seed (``config.json``)."""
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    rules = hr.rules(int(cfg["seed"]))  # the trainer passes config.seed as rule_seed (EnvSpec.run_seed_kwarg)
+    lessons = []
+    with open(os.path.join(_last_experience_dir(run_dir), "oplog.jsonl")) as f:
+        for line in f:
+            op = json.loads(line)
+            if op.get("op") != "add" or op.get("kind", "distill") != "distill" or "prompt" not in op:
+                continue
+            family = family_of(op["prompt"])
+            if family is None:
+                continue
+            said = named_actions(format_entry(op["text"]))
+            lessons.append(
+                {
+                    "step": int(op["step"]),
+                    "success": "Outcome: SUCCESS" in op["prompt"],
+                    "named": bool(said),
+                    "right": bool(said) and said[0] == rules[family][0],
+                    # colour and kind anywhere (a tiny extractor glues words; "red door" rarely survives intact)
+                    "family": all(w in format_entry(op["text"]).lower() for w in family.split()),
+                }
+            )
+    steps = int(cfg["train"]["steps"])
+    out = {"bench": "lesson_audit", "run": os.path.basename(os.path.normpath(run_dir)), "seed": cfg["seed"]}
+    out["lessons"] = len(lessons)
+    for outcome, want in (("after_success", True), ("after_failure", False)):
+        for half, lo, hi in (("first_half", 0, steps // 2), ("second_half", steps // 2, steps)):
+            sel = [x for x in lessons if x["success"] == want and lo <= x["step"] < hi]
+            out[f"{outcome}_{half}_n"] = len(sel)
+            for k in ("named", "right", "family"):
+                out[f"{outcome}_{half}_{k}"] = round(_mean([x[k] for x in sel]), 4) if sel else None
+    return out
+
+
+_AUDIT = flags.DEFINE_string(
+    "audit", "", "glob of finished run directories: print their lesson audit and exit"
+)
 _SIDE = flags.DEFINE_enum(
     "side",
     "actor",
@@ -289,7 +350,7 @@ _SIDE = flags.DEFINE_enum(
 )
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "run seeds (each draws its own rules)")
 _STEPS = flags.DEFINE_integer("steps", 12, "training steps per run")
-_ROOT = flags.DEFINE_string("root", "runs/experience_matters", "run directories go under here")
+_ROOT = flags.DEFINE_string("runs_dir", "runs/experience_matters", "run directories go under here")
 _SET = flags.DEFINE_multi_string("set", [], "config overrides KEY=JSON, e.g. --set=rollout.group_size=8")
 _PREFILL = flags.DEFINE_boolean(
     "prefill", False, "actor side: the bank starts with one true lesson per family"
@@ -299,6 +360,16 @@ _SCALE = flags.DEFINE_enum("scale", "cpu", ["cpu", "smollm"], "model scale of co
 
 def main(argv):
     del argv
+    if _AUDIT.value:
+        import glob
+
+        # a glob over a comparison's root also matches the baseline's runs, which have no experience: skipped
+        dirs = sorted(d for d in glob.glob(_AUDIT.value) if os.path.isdir(os.path.join(d, "experience")))
+        if not dirs:
+            raise SystemExit(f"--audit={_AUDIT.value!r} matches no run directory with saved experience")
+        for d in dirs:
+            print(json.dumps(audit_run(d)))
+        return
     for seed in _SEEDS.value:
         workdir = os.path.join(_ROOT.value, f"{_SIDE.value}_{_SCALE.value}_s{seed}")
         run(
