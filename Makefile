@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat setup.py Makefile | sha1sum | cut -c1-12)
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: demo test setup lint bench clean peers libtpu
+.PHONY: demo test setup lint bench clean peers libtpu sandbox
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,16 @@ $(LIBTPU_STAMP): | $(STAMP)
 
 libtpu: $(LIBTPU_STAMP)
 
-setup: $(STAMP) $(LIBTPU_STAMP)
+# The SWE-Lite sandbox (comprl_jax/envs/swe/sandbox.py) runs model-written commands under bubblewrap: installed from
+# Debian where missing and we are root; otherwise say so (its tests skip, the SWE env refuses to start).
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; }; \
+		else echo "bubblewrap is missing: install the Debian package bubblewrap for the SWE-Lite env and its tests"; fi; }
+
+setup: $(STAMP) $(LIBTPU_STAMP) sandbox
 
 demo: $(STAMP)  # the demo needs no TPU compiler
 	$(PYTHON) launch/demo.py --workdir=runs/demo
