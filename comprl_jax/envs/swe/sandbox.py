@@ -191,20 +191,18 @@ class Sandbox:
         for p in _SYSTEM_RO:
             out += ["--ro-bind", p, p]
         out += _merged_usr_links()
-        for p in self.ro_paths:
+        out += ["--dev", "/dev", "--proc", "/proc"]
+        out += ["--size", str(lim.tmp_mb << 20), "--perms", "1777", "--tmpfs", "/tmp"]
+        made = set()
+        for p in self.ro_paths:  # after /tmp's tmpfs, which would hide a path under /tmp
+            # bwrap makes missing parents 0700 (root's), which the sandbox's uid could not cross: make them 0755
+            parts = p.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                d = "/" + "/".join(parts[:i])
+                if d not in made and d not in ("/usr", "/etc", "/tmp"):
+                    out += ["--perms", "0755", "--dir", d]
+                    made.add(d)
             out += ["--ro-bind", p, p]
-        out += [
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--size",
-            str(lim.tmp_mb << 20),
-            "--perms",
-            "1777",
-            "--tmpfs",
-            "/tmp",
-        ]
         out += ["--bind", self.workdir, MOUNT, "--chdir", MOUNT]
         env = {"PATH": _PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **self.env}
         for k, v in env.items():
