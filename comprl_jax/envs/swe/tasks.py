@@ -319,6 +319,7 @@ def build_project(
     workers: int = 2,
     max_candidates: int | None = None,
     log: Callable[[str], None] = lambda s: None,
+    stats: dict | None = None,
 ) -> list[dict]:
     """Up to ``quota`` validated tasks of ``project`` (fewer when the candidates run out). ``cache``: where the
     sources and scratch copies live; ``runner``: the test venv (default: :func:`runner_env` of the shared cache)."""
@@ -349,6 +350,10 @@ def build_project(
             if len(tasks) >= quota:
                 break
     log(f"{project.key}: {len(tasks)} tasks from {tried} candidates of {len(cands)}")
+    if stats is not None:
+        stats.update(
+            candidates=len(cands), tried=tried, pristine_tests=len(passing), suite_s=round(suite_s, 1)
+        )
     return tasks
 
 
