@@ -118,3 +118,19 @@ def test_paths_outside_the_repository_and_bad_calls_are_invalid_actions(env):
     ]:
         obs, _, _, _, info = env.step(reply)
         assert info["invalid_action"] and msg in obs, (reply, obs)
+
+
+def test_the_scripted_agent_fixes_a_bug_its_reproduction_catches(env):
+    from comprl_jax.envs.swe.scripted import ScriptedAgent
+
+    _, info = env.reset(seed=1)  # camelize(string)[1:] -> [0:]: the failing line reads only literals
+    assert "assert 'capital' == inflection.camelize('Capital', False)" in info["goal"]
+    seen = []
+
+    def step(reply):
+        obs, reward, terminated, truncated, _ = env.step(reply)
+        seen.append(reply)
+        return obs, reward, terminated or truncated
+
+    assert ScriptedAgent().play(info["goal"], step) == 1.0
+    assert '"name": "submit"' in seen[-1] and any("REPRO-OK" in r for r in seen)  # it checked before submitting

@@ -3,6 +3,7 @@
 COMMAND: .venv/bin/python launch/bench/envs.py [--steps 3000] [--repeats 3] [--only MiniHack] [--backend thread]
          .venv/bin/python launch/bench/envs.py --gil   (does NLE's step release the GIL? see ``gil_probe``)
          .venv/bin/python launch/bench/envs.py --webshop [--split eval]   (WebShop quality figures, ``webshop_figures``)
+         .venv/bin/python launch/bench/envs.py --swe [--swe_tasks 0]   (SWE-Lite checks, ``swe_figures``)
 
 Each line: {"bench": "envs", "env", "backend", "workers", "slots", "steps", "repeats", "seq_steps_s",
 "pool_steps_s", "ratio", "ratios"}. Sequential and pool runs alternate ``repeats`` times (the machine's load moves
@@ -268,6 +269,82 @@ def webshop_figures(split: str = "eval") -> dict:
     }
 
 
+def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
+    """SWE-Lite's checks of itself (issue 32 point 4) over every task of the file (``limit``: the first N): the
+    reverse patch submitted solves, untouched code does not, the scripted grep-and-edit agent solves a fraction;
+    and hidden-test runs per second with 1 and 2 episodes evaluating at once (each run: a fresh bugged copy, the
+    reverse patch, the task's tests in a fresh sandbox)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from comprl_jax.envs.swe import env as swe_env
+    from comprl_jax.envs.swe.scripted import ScriptedAgent, call
+
+    tasks = swe_env.load_tasks(task_file)
+    ordered = [(split, i) for split in swe_env.SPLITS for i in range(len(swe_env.split_tasks(tasks, split)))]
+    if limit:
+        ordered = ordered[:limit]
+    envs = {s: swe_env.SWELiteEnv(split=s, task_file=task_file) for s in swe_env.SPLITS}
+
+    def reverse_solves(env, i) -> bool:
+        env.reset(seed=i)
+        subprocess.run(
+            ["patch", "-p1", "-R", "-s"], input=env.task["patch"], text=True, cwd=env.work, check=True
+        )
+        return env.step(call("submit"))[1] == 1.0
+
+    rev = noop = scripted = 0
+    failures = []
+    for split, i in ordered:
+        env = envs[split]
+        ok = reverse_solves(env, i)
+        rev += ok
+        if not ok:
+            failures.append(env.task["instance_id"])
+        env.reset(seed=i)
+        noop += env.step(call("submit"))[1] == 1.0
+        _, info = env.reset(seed=i)
+
+        def step(reply, env=env):
+            o, r, term, trunc, _ = env.step(reply)
+            return o, r, term or trunc
+
+        scripted += ScriptedAgent().play(info["goal"], step) == 1.0
+    rates = {}
+    sample = ordered[: min(len(ordered), 16)]
+    for workers in (1, 2):
+        # one shard of the sample per thread, each thread with its own envs (an env is one episode at a time)
+        shards = [sample[w::workers] for w in range(workers)]
+        own = [
+            {sp: swe_env.SWELiteEnv(split=sp, task_file=task_file) for sp in swe_env.SPLITS} for _ in shards
+        ]
+
+        def run_shard(w, shards=shards, own=own):
+            for sp, i in shards[w]:
+                reverse_solves(own[w][sp], i)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as ex:
+            list(ex.map(run_shard, range(workers)))
+        rates[workers] = round(len(sample) / (time.perf_counter() - t0), 2)
+        for d in own:
+            for e in d.values():
+                e.close()
+    for e in envs.values():
+        e.close()
+    n = len(ordered)
+    return {
+        "bench": "envs",
+        "env": "comprl/SWE-Lite-v0",
+        "tasks": n,
+        "reverse_patch_solved": round(rev / n, 4),
+        "noop_solved": round(noop / n, 4),
+        "scripted_solved": round(scripted / n, 4),
+        "test_runs_s": {"1": rates[1], "2": rates[2]},
+        "reverse_patch_failures": failures[:20],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -279,7 +356,13 @@ def main() -> None:
     parser.add_argument("--gil", action="store_true", help="only the GIL probe of NLE's step / reset")
     parser.add_argument("--webshop", action="store_true", help="only the WebShop quality figures")
     parser.add_argument("--split", default="eval", help="WebShop goal split for --webshop")
+    parser.add_argument("--swe", action="store_true", help="only SWE-Lite's checks of itself")
+    parser.add_argument("--swe_tasks", type=int, default=0, help="--swe: the first N tasks (0 = all)")
+    parser.add_argument("--swe_file", default=None, help="--swe: a task file (default: the shipped one)")
     args = parser.parse_args()
+    if args.swe:
+        print(json.dumps(swe_figures(args.swe_tasks, args.swe_file)), flush=True)
+        return
     if args.webshop:
         print(json.dumps(webshop_figures(args.split)), flush=True)
         return
