@@ -246,43 +246,49 @@ class Sandbox:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: one killpg ends setpriv/prlimit/bwrap
         )
-        buf = bytearray()
-        dropped, killed = 0, None
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        try:
-            while True:
-                left = lim.wall_s - (time.monotonic() - t0)
-                if left <= 0:
-                    killed = "wall"
-                    break
-                if not sel.select(timeout=min(left, 0.5)):
-                    continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break  # EOF: every writer is gone
-                room = max(lim.output_bytes - len(buf), 0)
-                buf += chunk[:room]
-                dropped += len(chunk) - min(len(chunk), room)
-                if len(buf) + dropped > lim.drain_bytes:
-                    killed = "output"
-                    break
-        finally:
-            sel.close()
-            if killed is not None or proc.poll() is None:
-                _kill_group(proc)
-            proc.stdout.close()
-            code = proc.wait()
-        text = buf.decode("utf-8", errors="replace")
-        if dropped:
-            text += TRUNCATION_MARKER.format(dropped=f"{dropped}+" if killed == "output" else dropped)
-        return Result(
-            output=text,
-            exit_code=None if killed else code,
-            killed=killed,
-            truncated=bool(dropped),
-            wall_s=time.monotonic() - t0,
-        )
+        return read_capped(proc, lim, t0)
+
+
+def read_capped(proc: subprocess.Popen, lim: SandboxLimits, t0: float) -> Result:
+    """Reads ``proc``'s merged output under ``lim`` (keep ``output_bytes``, count the rest, kill the process group
+    past ``drain_bytes`` or ``wall_s`` after ``t0``), reaps it and says how it ended. Shared with container.py."""
+    buf = bytearray()
+    dropped, killed = 0, None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while True:
+            left = lim.wall_s - (time.monotonic() - t0)
+            if left <= 0:
+                killed = "wall"
+                break
+            if not sel.select(timeout=min(left, 0.5)):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break  # EOF: every writer is gone
+            room = max(lim.output_bytes - len(buf), 0)
+            buf += chunk[:room]
+            dropped += len(chunk) - min(len(chunk), room)
+            if len(buf) + dropped > lim.drain_bytes:
+                killed = "output"
+                break
+    finally:
+        sel.close()
+        if killed is not None or proc.poll() is None:
+            _kill_group(proc)
+        proc.stdout.close()
+        code = proc.wait()
+    text = buf.decode("utf-8", errors="replace")
+    if dropped:
+        text += TRUNCATION_MARKER.format(dropped=f"{dropped}+" if killed == "output" else dropped)
+    return Result(
+        output=text,
+        exit_code=None if killed else code,
+        killed=killed,
+        truncated=bool(dropped),
+        wall_s=time.monotonic() - t0,
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -133,7 +133,9 @@ class ScriptedAgent:
                 continue  # the line occurs more than once: leave it
             if repro is None:
                 return step(call("submit"))[1]
-            out, _, done = step(call("execute_bash", command=f"PYTHONPATH=/repo/src:/repo python3 - <<'EOF'\n{repro}\nEOF"))
+            out, _, done = step(
+                call("execute_bash", command=f"PYTHONPATH=/repo/src:/repo python3 - <<'EOF'\n{repro}\nEOF")
+            )
             if done:
                 return 0.0
             if "REPRO-OK" in out:

@@ -1,0 +1,103 @@
+"""A container backend for the SWE tools: SWE-Bench Verified's per-task images under docker or podman (issue 32
+point 5). UNTESTED HERE: this machine reaches no image registry, so only the command construction is tested
+(tests/test_swe_container.py); the bubblewrap sandbox (sandbox.py) is what runs on this machine.
+
+One :class:`ContainerSandbox` holds one running container per episode, started from the task's official image
+(``swebench/sweb.eval.x86_64.<instance id, "__" -> "_1776_">:latest``, the SWE-bench harness's naming) with no
+network, capped CPU, memory and processes; :meth:`run` is ``<runtime> exec`` of ``bash -c COMMAND`` under
+``timeout`` in the repository (``/testbed``), its output read and capped exactly as :class:`sandbox.Sandbox` does
+(same :class:`sandbox.Result`), so the env's tools work unchanged. :meth:`close` removes the container.
+
+    box = ContainerSandbox("django__django-11099", runtime="podman")
+    box.start(); r = box.run("git status"); box.close()
+
+Grading SWE-Bench Verified follows the harness: apply the submitted diff in a fresh container, run the instance's
+test command, read FAIL_TO_PASS / PASS_TO_PASS from its log (the harness's own parser per repository); that part
+needs the dataset's per-instance test commands and is not reproduced here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import time
+import uuid
+
+from comprl_jax.envs.swe.sandbox import Result, SandboxLimits, read_capped
+
+RUNTIMES = ("docker", "podman")
+REPO_DIR = "/testbed"  # where SWE-bench images hold the repository
+
+
+def image_for(instance_id: str, namespace: str = "swebench", arch: str = "x86_64") -> str:
+    """The official per-task image of a SWE-bench instance: ``django__django-11099`` ->
+    ``swebench/sweb.eval.x86_64.django_1776_django-11099:latest`` (the harness lower-cases and replaces ``__``)."""
+    if "__" not in instance_id:
+        raise ValueError(f"SWE-bench instance ids look like 'owner__repo-number', got {instance_id!r}")
+    return f"{namespace}/sweb.eval.{arch}.{instance_id.lower().replace('__', '_1776_')}:latest"
+
+
+@dataclasses.dataclass
+class ContainerSandbox:
+    instance_id: str
+    runtime: str = "docker"
+    limits: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
+    image: str | None = None  # default: image_for(instance_id)
+    name: str = dataclasses.field(default_factory=lambda: f"comprl-swe-{uuid.uuid4().hex[:12]}")
+
+    def __post_init__(self):
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"container runtime must be one of {RUNTIMES}, got {self.runtime!r}")
+        self.image = self.image or image_for(self.instance_id)
+
+    def start_argv(self) -> list[str]:
+        """Starts the episode's container, idle, with no network and the sandbox's caps."""
+        lim = self.limits
+        return [
+            self.runtime, "run", "--detach", "--rm", "--name", self.name,
+            "--network", "none",
+            "--memory", f"{lim.memory_mb}m", "--memory-swap", f"{lim.memory_mb}m",
+            "--pids-limit", str(lim.processes),
+            "--cpus", "1",
+            "--ulimit", f"fsize={lim.file_mb << 20}",
+            "--ulimit", f"nofile={lim.open_files}:{lim.open_files}",
+            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--tmpfs", f"/tmp:rw,size={lim.tmp_mb}m",
+            "--workdir", REPO_DIR,
+            self.image, "sleep", "infinity",
+        ]  # fmt: skip
+
+    def exec_argv(self, command: str, limits: SandboxLimits | None = None) -> list[str]:
+        """One tool command in the running container; ``timeout -s KILL`` bounds it inside, the caller's wall
+        clock outside."""
+        lim = limits or self.limits
+        return [
+            self.runtime, "exec", "--workdir", REPO_DIR, self.name,
+            "timeout", "-s", "KILL", f"{lim.wall_s:g}", "bash", "-c", f"ulimit -t {lim.cpu_s}; {command}",
+        ]  # fmt: skip
+
+    def stop_argv(self) -> list[str]:
+        return [self.runtime, "rm", "--force", self.name]
+
+    def start(self) -> None:
+        if shutil.which(self.runtime) is None:
+            raise FileNotFoundError(
+                f"container runtime {self.runtime!r} not found on PATH (install docker or podman)"
+            )
+        subprocess.run(self.start_argv(), check=True, capture_output=True, timeout=600)
+
+    def run(self, command: str, limits: SandboxLimits | None = None) -> Result:
+        lim = limits or self.limits
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            self.exec_argv(command, lim),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return read_capped(proc, lim, t0)
+
+    def close(self) -> None:
+        subprocess.run(self.stop_argv(), capture_output=True, timeout=120)
