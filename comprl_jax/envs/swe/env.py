@@ -48,6 +48,15 @@ OBS_CHARS = 6000  # what one tool result shows at most
 VIEW_LINES = 200  # a file view without view_range shows this many lines, then says how to see more
 TOOLS = ("execute_bash", "str_replace_editor", "submit")
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
+# The tool-call syntax for constrained decoding (tiny models, ``actor.constrained``): submit, a short shell command,
+# or viewing a path; the full tool set stays open to unconstrained actors.
+_CMD_CHARS = r"[a-zA-Z0-9 ./_*|=:-]"
+_PATH_RE = r"/repo(/[a-zA-Z0-9._-]{1,30}){0,4}"
+ACTION_REGEX = (
+    r'<answer>(\{"name": "submit", "arguments": \{\}\}'
+    rf'|\{{"name": "execute_bash", "arguments": \{{"command": "{_CMD_CHARS}{{1,60}}"\}}\}}'
+    rf'|\{{"name": "str_replace_editor", "arguments": \{{"command": "view", "path": "{_PATH_RE}"\}}\}})</answer>'
+)
 BASH_LIMITS = SandboxLimits(wall_s=30, cpu_s=30, memory_mb=2048, processes=64, output_bytes=OBS_CHARS)
 
 
@@ -83,6 +92,8 @@ def is_test_path(rel: str) -> bool:
 
 
 class SWELiteEnv(TextEnv):
+    action_regex = ACTION_REGEX
+
     def __init__(
         self,
         split: str = "train",
