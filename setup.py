@@ -40,6 +40,7 @@ setup(
     packages=find_packages(include=["comprl_jax", "comprl_jax.*"]),
     package_data={
         "comprl_jax.envs": ["alfworld_rl_train.txt"],  # ALFWorld's training games (a data file)
+        "comprl_jax.envs.swe": ["tasks.jsonl"],  # SWE-Lite's tasks (launch/make_swe_tasks.py rebuilds them)
         "comprl_jax.models": ["presets/*.json", "presets/README.md"],  # the shipped model configs
     },
     python_requires=">=3.10",

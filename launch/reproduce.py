@@ -28,7 +28,8 @@ holds the TPU compiler's figures for the hardware (``launch/compile_check.py``),
 from those instead (:func:`compiler_layout`), the updates' meshes and micro-batches are checked to be the compiled
 ones (:func:`stale_reason`), and a run that the compiler cannot fit is listed as not runnable. ``--models_dir=D`` passes
 ``D/<name>`` for every Hugging Face model the config names (``Qwen/Qwen2.5-7B-Instruct`` -> ``D/Qwen2.5-7B-
-Instruct``). SWE-Bench needs a sandboxed env this project does not ship: it is listed, never executed.
+Instruct``). The SWE arm runs on SWE-Lite (``comprl/SWE-Lite-v0``, a bubblewrap sandbox, offline); SWE-Bench
+Verified itself needs its per-task container images (``comprl_jax/envs/swe/container.py``, untested here).
 
 Estimates (``--estimate``): FLOPs per step over (chips x peak FLOP/s x MFU); see :func:`run_estimate` for the
 formula and :data:`ASSUMED` for every assumed number. Modelled, not measured on accelerators: the one
@@ -121,7 +122,8 @@ REUSES = {
     "1": [],
     "scaling": [],
 }
-NOT_RUNNABLE = {"swebench": "needs a sandboxed env comprl/SWEBench-Verified-v0 (WORKSPACE.md, SWE-Bench)"}
+# Configs a table lists but no run can execute ({name: why}); empty since SWE-Lite (issue 32) made swebench.py run.
+NOT_RUNNABLE: dict[str, str] = {}
 
 
 def load_config(name: str, variant: str):
@@ -591,6 +593,7 @@ ASSUMED = {
             "comprl/ALFWorld-v0": 100,
             "comprl/WebShop-v0": 400,
             "comprl/SWEBench-Verified-v0": 1500,
+            "comprl/SWE-Lite-v0": 1500,  # tool output, capped at 6,000 characters (envs/swe/env.py OBS_CHARS)
         },
         "swe_generate_per_turn": 1024,
         "extractor_instructions": 256,  # distil / merge prompt text, chat-wrapped (measured: 252, SmolLM2)
@@ -663,7 +666,7 @@ def trajectory_tokens(c, scale: str, empty_bank: bool = False) -> dict:
         if c.actor.constrained:
             gen = t["generate_per_turn_constrained"].get(env, t["generate_per_turn_constrained"]["default"])
         else:
-            gen = t["swe_generate_per_turn"] if "SWEBench" in env else t["generate_per_turn"]
+            gen = t["swe_generate_per_turn"] if "SWE" in env else t["generate_per_turn"]
             gen = min(gen, c.actor.sampling.max_new_tokens)
         obs = t["observation_per_turn"].get(env, t["observation_per_turn"]["default"])
         free = t["prompt"][scale] + turns * (gen + obs)

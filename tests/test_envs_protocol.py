@@ -13,6 +13,7 @@ ENV_IDS = [
     "comprl/ALFWorld-v0",
     "comprl/WebShop-v0",
     "comprl/HiddenRule-v0",
+    "comprl/SWE-Lite-v0",
 ]
 
 

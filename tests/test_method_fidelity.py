@@ -40,6 +40,8 @@ def _split_task_keys(env_id: str, split: str) -> set[str]:
     try:
         if hasattr(env, "games"):  # ALFWorld: the game itself, wherever the split puts it
             return {"/".join(str(g).split(os.sep)[-3:-1]) for g in env.games}
+        if hasattr(env, "tasks"):  # SWE-Lite: the bug (project, file, patch), whatever its id
+            return {(t["project"], t["file"], t["patch"]) for t in env.tasks}
         return {g.key for g in env.goals}  # WebShop
     finally:
         env.close()

@@ -233,3 +233,19 @@ def test_role_pack_step_makes_the_behaviour_flag_per_token():
     fresh = np.full(use.shape, -9.0, np.float32)
     old, _, _ = roles._with_behaviour(fresh, packed["old_logprobs"], packed["loss_mask"], use)
     np.testing.assert_array_equal(np.asarray(old), np.where(use, packed["old_logprobs"], -9.0))
+
+
+def test_a_mini_batch_of_empty_rows_packs_to_padding():
+    """Every episode of a strided mini-batch can be empty (a padding row of the batch): nothing is placed, the
+    packed rows are padding, and the episode arrays pass through (an index dtype bug once raised here)."""
+    b, t = 4, 8
+    batch = {
+        "tokens": np.zeros((b, t), np.int32),
+        "attn_mask": np.zeros((b, t), bool),
+        "loss_mask": np.zeros((b, t), bool),
+        "advantages": np.arange(b, dtype=np.float32),
+    }
+    out = packing.pack_batch(batch, pad_id=7)
+    assert out["tokens"].shape[1] == t and (out["tokens"] == 7).all()
+    assert not out["attn_mask"].any() and not out["loss_mask"].any() and (out["segment_ids"] == 0).all()
+    assert out["episodes"]["advantages"].tolist() == [0.0, 1.0, 2.0, 3.0]

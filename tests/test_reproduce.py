@@ -106,9 +106,9 @@ def test_every_table_lists_its_runs(dry_run):
     assert {r["workdir"] for r in runs if r["config"] == "configs/task_scaling.py"} >= {
         "runs/scaling/task_scaling_tasks6_baseline_s2"
     }
-    # SWE-Bench is listed (commented out), never executed; the capacity study goes to two 8xH200 nodes (one
+    # every run is runnable (the SWE arm plays SWE-Lite); the capacity study goes to two 8xH200 nodes (one
     # node, 8xH100 or 8xH200, cannot hold its states, the updates and the samplers' copies)
-    assert {r["config"] for r in runs if not r["runnable"]} == {"configs/swebench.py"}
+    assert {r["config"] for r in runs if not r["runnable"]} == set()
     assert {r["hardware"] for r in runs if r["table"] == "capacity"} == {"16xh200"}
     assert {r["hardware"] for r in runs if r["table"] != "capacity"} == {"8xh100"}
     # make_tables reads the table's runs and, for the capacity study, Table 1's Complementary RL and baseline

@@ -73,3 +73,16 @@ def test_each_env_keeps_its_own_limits_in_the_mixture():
         for f in ("minihack_room", "webshop", "alfworld")
     }
     assert steps == {"minihack_room": 145, "webshop": 256, "alfworld": 128}
+
+
+def test_swe_lite_is_an_optional_task_of_the_mixtures():
+    """Issue 32: `swe=1` adds SWE-Lite to a mixture; the paper's sets stay as they are without it."""
+    from comprl_jax.config import TASKS3, TASKS6, load_file
+
+    for name, tasks in (("multitask3", TASKS3), ("multitask6", TASKS6), ("task_scaling", TASKS3)):
+        plain = load_file(f"configs/{name}.py:tiny")
+        swe = load_file(f"configs/{name}.py:tiny,swe=1")
+        assert plain.env.tasks == tasks and swe.env.tasks == (*tasks, "comprl/SWE-Lite-v0")
+        assert swe.env.backend == "process"  # a mixture
+    with pytest.raises(ValueError, match="swe='yes'"):
+        load_file("configs/multitask3.py:tiny,swe=yes")

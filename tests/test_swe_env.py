@@ -133,4 +133,29 @@ def test_the_scripted_agent_fixes_a_bug_its_reproduction_catches(env):
         return obs, reward, terminated or truncated
 
     assert ScriptedAgent().play(info["goal"], step) == 1.0
-    assert '"name": "submit"' in seen[-1] and any("REPRO-OK" in r for r in seen)  # it checked before submitting
+    assert '"name": "submit"' in seen[-1] and any(
+        "REPRO-OK" in r for r in seen
+    )  # it checked before submitting
+
+
+def test_the_shipped_tasks_match_the_registry_and_split_by_project():
+    from collections import Counter
+
+    from comprl_jax.envs import registry
+
+    all_tasks = swe_env.load_tasks()
+    assert len(all_tasks) >= 300 and len({t["instance_id"] for t in all_tasks}) == len(all_tasks)
+    spec = registry.spec("comprl/SWE-Lite-v0")
+    assert spec.eval_sizes == {s: len(swe_env.split_tasks(all_tasks, s)) for s in spec.eval_splits}
+    train = {t["project"] for t in swe_env.split_tasks(all_tasks, "train")}
+    held_out = {t["project"] for t in swe_env.split_tasks(all_tasks, "eval")}
+    assert len(train) >= 5 and len(held_out) >= 2 and not train & held_out
+    assert {t["project"] for t in swe_env.split_tasks(all_tasks, "same_project_eval")} <= train
+    assert Counter(t["project"] for t in all_tasks) == {
+        p.name: projects.QUOTAS[p.name] for p in projects.PROJECTS
+    }
+    for t in all_tasks:  # the statement never shows the patch's removed (pristine) lines
+        assert t["fail_to_pass"] and t["pass_to_pass"]
+        for ln in t["patch"].splitlines():
+            if ln.startswith("-") and not ln.startswith("---") and len(ln.strip()) > 12:
+                assert ln[1:] not in t["problem_statement"], (t["instance_id"], ln)

@@ -136,3 +136,17 @@ def test_pytest_summary_lines_parse_to_outcomes():
         "tests/a.py::test_z": "xfail",
         "tests/a.py::test_p[a - b]": "passed",  # a PASSED line holds the id alone
     }
+
+
+@pytest.mark.parametrize("name,version,n", [("inflection", "0.5.1", 3), ("parse", "1.22.4", 2)])
+def test_the_shipped_task_file_rebuilds_the_same_lines(name, version, n, runner):
+    """A sample of comprl_jax/envs/swe/tasks.jsonl rebuilt from the pinned sdist (launch/make_swe_tasks.py's seed):
+    a project's first n tasks are the first n its candidates give, whatever the quota."""
+    from comprl_jax.envs.swe import env as swe_env
+    from comprl_jax.envs.swe import projects
+
+    shipped = [t for t in swe_env.load_tasks() if t["project"] == name][:n]
+    got = tasks.splits(
+        tasks.build_project(projects.get(name, version), seed=0, quota=n, runner=runner), projects.PROJECTS
+    )
+    assert [json.dumps(t, sort_keys=True) for t in got] == [json.dumps(t, sort_keys=True) for t in shipped]

@@ -76,6 +76,7 @@ SMOKE = [
     # tests/test_reproduce.py builds and validates every multitask3 command.
     ("multitask6", "tiny"),
     ("task_scaling", "tiny,tasks=1"),
+    ("swebench", "tiny"),  # SWE-Lite in the bubblewrap sandbox (issue 32)
 ]
 
 
@@ -131,6 +132,9 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
             assert mode["comprl/ALFWorld-v0@valid_seen"]["split"] == "valid_seen"
         if "comprl/WebShop-v0" in c.env.tasks:
             assert mode["comprl/WebShop-v0"]["split"] == "eval"
+        if "comprl/SWE-Lite-v0" in c.env.tasks:  # held-out projects, then held-out tasks of training projects
+            assert mode["comprl/SWE-Lite-v0"]["split"] == "eval"
+            assert mode["comprl/SWE-Lite-v0@same_project_eval"]["split"] == "same_project_eval"
 
 
 def test_method_options_act_in_a_real_run(tmp_path, compile_cache, monkeypatch):
@@ -259,14 +263,6 @@ def test_paper_memory_knobs_waves_remat_chunked_head(tmp_path, compile_cache):
         validate(bad)  # 3 does not divide the step's 4 episodes: refused before anything starts
     with pytest.raises(ValueError, match="rollout.rows_per_wave"):
         run_lib.run(bad, str(tmp_path / "bad"), progress=False)
-
-
-def test_swebench_needs_a_sandbox(tmp_path, compile_cache):
-    from comprl_jax.loop import run as run_lib
-
-    c = load_config("swebench", "tiny")
-    with pytest.raises(KeyError, match="SWEBench-Verified-v0"):
-        run_lib.run(c, str(tmp_path), progress=False)
 
 
 def _final_state(workdir):

@@ -23,6 +23,7 @@ from comprl_jax.config.scales import (
     TASKS6,
     apply_scale,
     apply_tasks,
+    with_optional_swe,
 )
 from comprl_jax.config.schema import base_config
 from comprl_jax.config.upgrade import ADDED_KEYS, REMOVED_KEYS, RENAMED_KEYS, upgrade_saved
@@ -45,6 +46,7 @@ __all__ = [
     "apply_method",
     "apply_scale",
     "apply_tasks",
+    "with_optional_swe",
     "base_config",
     "build",
     "finalize",

@@ -16,6 +16,18 @@ TASKS6 = TASKS3 + (
     "comprl/MiniHack-KeyRoom-Dark-S5-v0",
     "comprl/Sokoban-6x6-2-v0",
 )
+SWE_LITE = "comprl/SWE-Lite-v0"
+
+
+def with_optional_swe(tasks, extras) -> tuple[str, ...]:
+    """A mixture, plus SWE-Lite with the variant word ``swe=1`` (issue 32: an optional task of the multi-task
+    configs, not in the paper's 3- and 6-task sets)."""
+    flag = extras.get("swe", "0")
+    if flag not in ("0", "1"):
+        raise ValueError(
+            f"config variant swe={flag!r}: use swe=1 to add {SWE_LITE} to the mixture, swe=0 not to"
+        )
+    return tuple(tasks) + ((SWE_LITE,) if flag == "1" else ())
 
 
 # Training steps (SPEC §9): each single task's own, 128 for a mixture.

@@ -156,6 +156,18 @@ register(
     limits=Limits(max_turns=4),
 )
 
+# SWE-Lite (issue 32): procedural bugs in 9 pinned PyPI projects, fixed with the paper's tools in a bubblewrap
+# sandbox; 238 training tasks of 6 projects, held out: the 3 other projects (100 tasks, the primary figure), then
+# held-out tasks of the training projects (62); counts checked against the shipped file by tests/test_swe_env.py.
+register(
+    "comprl/SWE-Lite-v0",
+    "comprl_jax.envs.swe.env:SWELiteEnv",
+    levels="split",
+    train_split="train",
+    eval_splits=("eval", "same_project_eval"),
+    eval_sizes={"eval": 100, "same_project_eval": 62},
+)
+
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)
 
 

@@ -152,8 +152,9 @@ def pack_batch(
     n = lengths[eps]
     src_row = np.repeat(eps, n)
     src_col = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-    dst_row = np.repeat([lay.placement[e][0] for e in eps], n).astype(np.int64)
-    dst_col = np.repeat([lay.placement[e][1] for e in eps], n) + src_col
+    # int64 lists even when no episode is placed (np.asarray([]) would be float64 and not index)
+    dst_row = np.repeat(np.asarray([lay.placement[e][0] for e in eps], np.int64), n)
+    dst_col = np.repeat(np.asarray([lay.placement[e][1] for e in eps], np.int64), n) + src_col
     # segment number within the row: 1 + the episodes placed before it in that row
     seg_of = np.zeros(b, np.int32)
     last_row, s = -1, 0
