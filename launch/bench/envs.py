@@ -269,9 +269,10 @@ def webshop_figures(split: str = "eval") -> dict:
     }
 
 
-def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
+def swe_figures(limit: int = 0, task_file: str | None = None, stride: int = 1) -> dict:
     """SWE-Lite's checks of itself (issue 32 point 4) over every task of the file (``limit``: the first N): the
-    reverse patch submitted solves, untouched code does not, the scripted grep-and-edit agent solves a fraction;
+    reverse patch submitted solves, untouched code does not, the scripted grep-and-edit agent solves a fraction
+    (``stride``: every stride-th task of each split, for a quicker sample);
     and hidden-test runs per second with 1 and 2 episodes evaluating at once (each run: a fresh bugged copy, the
     reverse patch, the task's tests in a fresh sandbox)."""
     import subprocess
@@ -281,7 +282,11 @@ def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
     from comprl_jax.envs.swe.scripted import ScriptedAgent, call
 
     tasks = swe_env.load_tasks(task_file)
-    ordered = [(split, i) for split in swe_env.SPLITS for i in range(len(swe_env.split_tasks(tasks, split)))]
+    ordered = [
+        (split, i)
+        for split in swe_env.SPLITS
+        for i in range(0, len(swe_env.split_tasks(tasks, split)), stride)
+    ]
     if limit:
         ordered = ordered[:limit]
     envs = {s: swe_env.SWELiteEnv(split=s, task_file=task_file) for s in swe_env.SPLITS}
@@ -295,6 +300,7 @@ def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
 
     rev = noop = scripted = 0
     failures = []
+    by_kind: dict[str, list[int]] = {}
     for split, i in ordered:
         env = envs[split]
         ok = reverse_solves(env, i)
@@ -309,7 +315,11 @@ def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
             o, r, term, trunc, _ = env.step(reply)
             return o, r, term or trunc
 
-        scripted += ScriptedAgent().play(info["goal"], step) == 1.0
+        won = ScriptedAgent().play(info["goal"], step) == 1.0
+        scripted += won
+        kind = by_kind.setdefault(env.task["kind"], [0, 0])
+        kind[0] += won
+        kind[1] += 1
     rates = {}
     sample = ordered[: min(len(ordered), 16)]
     for workers in (1, 2):
@@ -341,6 +351,7 @@ def swe_figures(limit: int = 0, task_file: str | None = None) -> dict:
         "noop_solved": round(noop / n, 4),
         "scripted_solved": round(scripted / n, 4),
         "test_runs_s": {"1": rates[1], "2": rates[2]},
+        "scripted_by_kind": {k: f"{w}/{n}" for k, (w, n) in sorted(by_kind.items())},
         "reverse_patch_failures": failures[:20],
     }
 
@@ -359,9 +370,10 @@ def main() -> None:
     parser.add_argument("--swe", action="store_true", help="only SWE-Lite's checks of itself")
     parser.add_argument("--swe_tasks", type=int, default=0, help="--swe: the first N tasks (0 = all)")
     parser.add_argument("--swe_file", default=None, help="--swe: a task file (default: the shipped one)")
+    parser.add_argument("--swe_stride", type=int, default=1, help="--swe: every N-th task of each split")
     args = parser.parse_args()
     if args.swe:
-        print(json.dumps(swe_figures(args.swe_tasks, args.swe_file)), flush=True)
+        print(json.dumps(swe_figures(args.swe_tasks, args.swe_file, args.swe_stride)), flush=True)
         return
     if args.webshop:
         print(json.dumps(webshop_figures(args.split)), flush=True)
