@@ -19,7 +19,7 @@ What that gives, and the limit that enforces each (tests/test_swe_sandbox.py tri
 | fork bomb | RLIMIT_NPROC for the sandbox's own uid (root is exempt from it, hence ``setpriv``), PID namespace |
 | setuid binaries, capabilities | ``setpriv --no-new-privs``, empty bounding set (as root); ``--cap-drop ALL`` otherwise |
 | allocating without bound | RLIMIT_AS |
-| looping forever | RLIMIT_CPU per process, the wall timeout for the whole tree |
+| looping forever | RLIMIT_CPU per process (SIGKILL at the limit), the wall timeout for the whole tree |
 | printing gigabytes | ``output_bytes`` kept, the rest counted; past ``drain_bytes`` the tree is killed; RLIMIT_FSIZE |
 | processes left behind | SIGKILL to bwrap's process group; bwrap's child is PID 1 of the namespace and dies with it |
 |   | (``--die-with-parent``), which takes every process of the namespace with it |
@@ -54,7 +54,7 @@ class SandboxUnavailable(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 20.0  # the whole command, every process in it
-    cpu_s: int = 20  # RLIMIT_CPU, per process (SIGXCPU, then SIGKILL one second later)
+    cpu_s: int = 20  # RLIMIT_CPU, per process (SIGKILL at the limit: exit code 137)
     memory_mb: int = 1024  # RLIMIT_AS, per process
     processes: int = 64  # RLIMIT_NPROC, for the sandbox's uid
     file_mb: int = 64  # RLIMIT_FSIZE: the largest file a command may write
@@ -89,6 +89,8 @@ class Result:
             tail = "\n[command killed: wall-clock limit reached]"
         elif self.killed == "output":
             tail = "\n[command killed: output limit reached]"
+        elif self.exit_code == 128 + 9:
+            tail = "\n[exit code 137: killed at the CPU-time limit]"
         elif self.exit_code not in (0, None):
             tail = f"\n[exit code {self.exit_code}]"
         return self.output + tail
@@ -224,7 +226,9 @@ class Sandbox:
         out += [
             "/usr/bin/prlimit",
             f"--as={lim.memory_mb << 20}",
-            f"--cpu={lim.cpu_s}:{lim.cpu_s + 1}",  # SIGXCPU at the limit (a clean exit), SIGKILL a second later
+            # soft = hard: SIGKILL at the limit. A soft limit's SIGXCPU can be ignored or blocked by what the
+            # command inherits (under pytest-xdist it was: the loop ran on to a later hard limit)
+            f"--cpu={lim.cpu_s}:{lim.cpu_s}",
             f"--nproc={lim.processes}",
             f"--fsize={lim.file_mb << 20}",
             f"--nofile={lim.open_files}",
