@@ -351,7 +351,7 @@ def swe_figures(limit: int = 0, task_file: str | None = None, stride: int = 1) -
         "noop_solved": round(noop / n, 4),
         "scripted_solved": round(scripted / n, 4),
         "test_runs_s": {"1": rates[1], "2": rates[2]},
-        "scripted_by_kind": {k: f"{w}/{n}" for k, (w, n) in sorted(by_kind.items())},
+        "scripted_by_kind": {k: f"{won}/{seen}" for k, (won, seen) in sorted(by_kind.items())},
         "reverse_patch_failures": failures[:20],
     }
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
-import time
 import uuid
 
-from comprl_jax.envs.swe.sandbox import Result, SandboxLimits, read_capped
+from comprl_jax.envs.swe.sandbox import Result, SandboxLimits, run_capped
 
 RUNTIMES = ("docker", "podman")
 REPO_DIR = "/testbed"  # where SWE-bench images hold the repository
@@ -89,15 +88,7 @@ class ContainerSandbox:
 
     def run(self, command: str, limits: SandboxLimits | None = None) -> Result:
         lim = limits or self.limits
-        t0 = time.monotonic()
-        proc = subprocess.Popen(
-            self.exec_argv(command, lim),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return read_capped(proc, lim, t0)
+        return run_capped(self.exec_argv(command, lim), lim)
 
     def close(self) -> None:
         subprocess.run(self.stop_argv(), capture_output=True, timeout=120)

@@ -27,17 +27,16 @@ the second figure). Tasks come from the shipped ``tasks.jsonl`` (``launch/make_s
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 from comprl_jax.envs.base import TextEnv, echo
+from comprl_jax.envs.swe import bugs
 from comprl_jax.envs.swe import projects as projects_lib
 from comprl_jax.envs.swe import tasks as tasks_lib
 from comprl_jax.envs.swe.sandbox import MOUNT, Sandbox, SandboxLimits
@@ -78,17 +77,6 @@ def split_tasks(tasks: list[dict], split: str) -> list[dict]:
     if split == "same_project_eval":
         return [t for t in tasks if t["split"] == "train" and t["same_project_split"] == "eval"]
     raise ValueError(f"SWE-Lite split must be one of {SPLITS}, got {split!r}")
-
-
-def is_test_path(rel: str) -> bool:
-    """Test code the agent's submission may not change (its edits there are ignored)."""
-    parts = rel.split("/")
-    return (
-        any(p in ("tests", "test", "testing") for p in parts[:-1])
-        or parts[-1].startswith("test_")
-        or parts[-1].endswith("_test.py")
-        or parts[-1] == "conftest.py"
-    )
 
 
 class SWELiteEnv(TextEnv):
@@ -154,12 +142,10 @@ class SWELiteEnv(TextEnv):
         self.task = self.tasks[int(seed) % len(self.tasks)]
         base = self.cache / "episodes"
         base.mkdir(parents=True, exist_ok=True)
-        self._episode = Path(tempfile.mkdtemp(dir=base, prefix=f"{uuid.uuid4().hex[:8]}-"))
+        self._episode = Path(tempfile.mkdtemp(dir=base))
         self._bugged_copy(self.task, self.work, with_tests=False)
-        self.sandbox = Sandbox(
-            str(self.work), limits=self.bash_limits, ro_paths=(str(tasks_lib.runner_env()),)
-        )
         self._runner = tasks_lib.runner_env()
+        self.sandbox = Sandbox(str(self.work), limits=self.bash_limits, ro_paths=(str(self._runner),))
         self._history = {}
         goal = self.task["problem_statement"]
         obs = (
@@ -265,11 +251,10 @@ class SWELiteEnv(TextEnv):
             n = text.count(old)
             if n != 1:
                 raise _ToolError(f"old_str occurs {n} times in {shown}; it must occur exactly once")
-            self._write(path, rel, text.replace(old, new, 1))
+            edited = text.replace(old, new, 1)
+            self._write(path, rel, edited)
             line = text[: text.index(old)].count("\n") + 1
-            return f"Edited {shown} at line {line}.\n" + _snippet(
-                text.replace(old, new, 1), line, new.count("\n") + 1
-            )
+            return f"Edited {shown} at line {line}.\n" + _snippet(edited, line, new.count("\n") + 1)
         # insert
         at, new = args.get("insert_line"), args.get("new_str")
         lines = text.splitlines(keepends=True)
@@ -305,7 +290,7 @@ class SWELiteEnv(TextEnv):
                 if p.is_symlink() or not p.is_file() or "__pycache__" in p.parts:
                     continue
                 rel = p.relative_to(base).as_posix()
-                if is_test_path(rel) or rel in out:
+                if tasks_lib.is_test_path(rel) or rel in out:
                     continue
                 q = other / rel
                 if base is work:
@@ -318,18 +303,10 @@ class SWELiteEnv(TextEnv):
     def diff(self) -> str:
         """The agent's changes as a unified diff (what a submission is)."""
         ref = self._episode / "ref"
-        changes = self.changed_files()
-        parts = []
-        for rel, new in sorted(changes.items()):
-            old = _read(ref / rel) if (ref / rel).is_file() else ""
-            parts.append(
-                "".join(
-                    difflib.unified_diff(
-                        old.splitlines(True), (new or "").splitlines(True), f"a/{rel}", f"b/{rel}"
-                    )
-                )
-            )
-        return "".join(parts)
+        return "".join(
+            bugs.unified_diff(rel, _read(ref / rel) if (ref / rel).is_file() else "", new or "")
+            for rel, new in sorted(self.changed_files().items())
+        )
 
     def evaluate(self) -> tuple[float, str]:
         """Runs the task's tests on a fresh bugged copy with the agent's library changes: (reward, report)."""

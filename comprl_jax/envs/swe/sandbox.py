@@ -96,14 +96,20 @@ class Result:
         return self.output + tail
 
 
+_PROBED = False  # bwrap made its namespaces once in this process: no need to try again per sandbox
+
+
 def check_available() -> None:
     """Raises :class:`SandboxUnavailable` naming what to install or enable."""
+    global _PROBED
     for tool, pkg in (("bwrap", "bubblewrap"), ("prlimit", "util-linux"), ("setpriv", "util-linux")):
         if shutil.which(tool) is None:
             raise SandboxUnavailable(
                 f"{tool!r} not found on PATH: the SWE sandbox needs the Debian package {pkg!r} "
                 f"(apt-get install -y {pkg}; `make setup` installs it where it runs as root)"
             )
+    if _PROBED:
+        return
     probe = subprocess.run(
         [
             "bwrap",
@@ -124,6 +130,7 @@ def check_available() -> None:
             f"bwrap cannot create namespaces here ({probe.stderr.strip()[-300:]}): run as root, or enable "
             "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces)"
         )
+    _PROBED = True
 
 
 def _merged_usr_links() -> list[str]:
@@ -201,7 +208,7 @@ class Sandbox:
             parts = p.strip("/").split("/")[:-1]
             for i in range(1, len(parts) + 1):
                 d = "/" + "/".join(parts[:i])
-                if d not in made and d not in ("/usr", "/etc", "/tmp"):
+                if d not in made and d not in (*_SYSTEM_RO, "/tmp"):
                     out += ["--perms", "0755", "--dir", d]
                     made.add(d)
             out += ["--ro-bind", p, p]
@@ -242,20 +249,21 @@ class Sandbox:
 
     def run(self, command: str, limits: SandboxLimits | None = None) -> Result:
         lim = limits or self.limits
-        t0 = time.monotonic()
-        proc = subprocess.Popen(
-            self.argv(command, lim),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: one killpg ends setpriv/prlimit/bwrap
-        )
-        return read_capped(proc, lim, t0)
+        return run_capped(self.argv(command, lim), lim)
 
 
-def read_capped(proc: subprocess.Popen, lim: SandboxLimits, t0: float) -> Result:
-    """Reads ``proc``'s merged output under ``lim`` (keep ``output_bytes``, count the rest, kill the process group
-    past ``drain_bytes`` or ``wall_s`` after ``t0``), reaps it and says how it ended. Shared with container.py."""
+def run_capped(argv: list[str], lim: SandboxLimits) -> Result:
+    """Runs ``argv`` in its own process group (one killpg ends setpriv/prlimit/bwrap, or the runtime's exec) and
+    reads its merged output under ``lim``: keep ``output_bytes``, count the rest, kill the group past
+    ``drain_bytes`` or ``wall_s``; reaps it and says how it ended. Both backends run through it (container.py)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     buf = bytearray()
     dropped, killed = 0, None
     sel = selectors.DefaultSelector()

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 
 from comprl_jax.envs.swe import bugs
+from comprl_jax.envs.swe.tasks import is_test_path
 
 INVERTIBLE = ("op_swap", "off_by_one", "wrong_constant", "swap_args")
 _FRAME_RE = re.compile(r"^([\w./-]+\.py):(\d+): in (\w+)", re.MULTILINE)
@@ -32,22 +33,13 @@ def call(name: str, **arguments) -> str:
     return "<answer>" + json.dumps({"name": name, "arguments": arguments}) + "</answer>"
 
 
-def _is_test(path: str) -> bool:
-    parts = path.split("/")
-    return (
-        any(p in ("tests", "test") for p in parts[:-1])
-        or parts[-1].startswith("test_")
-        or parts[-1] == "conftest.py"
-    )
-
-
 def _failing_lines(statement: str) -> list[str]:
     """The source line under each test frame of the tracebacks (the line that failed)."""
     lines = statement.splitlines()
     out = []
     for i, ln in enumerate(lines[:-1]):
         m = _FRAME_RE.match(ln)
-        if m and _is_test(m.group(1)):
+        if m and is_test_path(m.group(1)):
             src = lines[i + 1].strip()
             if src and not src.startswith("E "):
                 out.append(src)
@@ -82,7 +74,7 @@ class ScriptedAgent:
         self.max_tries, self.view_lines = max_tries, view_lines
 
     def play(self, statement: str, step: Callable[[str], tuple[str, float, bool]]) -> float:
-        frames = [(p, int(n), f) for p, n, f in _FRAME_RE.findall(statement) if not _is_test(p)]
+        frames = [(p, int(n), f) for p, n, f in _FRAME_RE.findall(statement) if not is_test_path(p)]
         failing = _failing_lines(statement)
         names = [f for _, _, f in frames]
         for src in failing:
@@ -99,7 +91,7 @@ class ScriptedAgent:
             for ln in out.splitlines():
                 path, _, rest = ln.removeprefix("./").partition(":")
                 num = rest.split(":", 1)[0]
-                if path.endswith(".py") and not _is_test(path) and num.isdigit():
+                if path.endswith(".py") and not is_test_path(path) and num.isdigit():
                     defs.append((path, int(num)))
         hot = {(p, n) for p, n, _ in frames}
         # 2. the one-token edits of those functions, the traceback's own lines first

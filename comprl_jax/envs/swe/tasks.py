@@ -214,15 +214,25 @@ def run_tests(
 
 
 # -- building tasks ------------------------------------------------------------------------------------
+def is_test_path(rel: str) -> bool:
+    """Test code, by its path relative to the project root: no bug goes there, the env ignores a submission's
+    changes there, and the scripted agent reads tracebacks through it."""
+    parts = rel.split("/")
+    return (
+        any(p in ("tests", "test", "testing") for p in parts[:-1])
+        or parts[-1].startswith("test_")
+        or parts[-1].endswith("_test.py")
+        or parts[-1] == "conftest.py"
+    )
+
+
 def source_files(root: Path, project: Project) -> list[str]:
-    """Files bugs go into: the package's .py files outside test directories, sorted, relative to ``root``."""
+    """Files bugs go into: the package's .py files outside test code, ``setup.py`` and vendored copies, sorted,
+    relative to ``root``."""
     out = []
     for p in sorted((root / project.package).rglob("*.py")):
         rel = p.relative_to(root).as_posix()
-        parts = rel.split("/")
-        if any(x in ("tests", "test", "testing") for x in parts) or parts[-1].startswith("test_"):
-            continue
-        if parts[-1] in ("conftest.py", "setup.py") or "/_vendor/" in rel:
+        if is_test_path(rel) or rel.split("/")[-1] == "setup.py" or "/_vendor/" in rel:
             continue
         out.append(rel)
     return out
