@@ -593,7 +593,7 @@ ASSUMED = {
             "comprl/ALFWorld-v0": 100,
             "comprl/WebShop-v0": 400,
             "comprl/SWEBench-Verified-v0": 1500,
-            "comprl/SWE-Lite-v0": 1500,  # tool output, capped at 6,000 characters (envs/swe/env.py OBS_CHARS)
+            "comprl/SWE-Lite-v0": 1500,  # tool output, capped at 6,000 characters (envs/swe/tools.py OBS_CHARS)
         },
         "swe_generate_per_turn": 1024,
         "extractor_instructions": 256,  # distil / merge prompt text, chat-wrapped (measured: 252, SmolLM2)

@@ -29,9 +29,12 @@ def test_start_exec_and_stop_commands_carry_the_sandbox_caps():
         "--workdir", "/testbed", "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest", "sleep", "infinity",
     ]  # fmt: skip
     assert box.exec_argv("git diff") == [
-        "podman", "exec", "--workdir", "/testbed", "comprl-swe-x",
+        "podman", "exec", "--workdir", "/testbed", "--env", "PYTHONDONTWRITEBYTECODE=1", "comprl-swe-x",
         "timeout", "-s", "KILL", "30", "bash", "-c", "ulimit -t 20; git diff",
     ]  # fmt: skip
+    # a file the editor writes goes in on the exec's stdin
+    assert box.exec_argv("cat > /testbed/a.py", stdin=True)[:3] == ["podman", "exec", "--interactive"]
+    assert box.repo_dir == "/testbed"
     assert box.stop_argv() == ["podman", "rm", "--force", "comprl-swe-x"]
     with pytest.raises(ValueError, match="runtime must be one of"):
         ContainerSandbox("a__b-1", runtime="lxc")

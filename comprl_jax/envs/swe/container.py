@@ -67,12 +67,17 @@ class ContainerSandbox:
             self.image, "sleep", "infinity",
         ]  # fmt: skip
 
-    def exec_argv(self, command: str, limits: SandboxLimits | None = None) -> list[str]:
+    @property
+    def repo_dir(self) -> str:
+        return REPO_DIR
+
+    def exec_argv(self, command: str, limits: SandboxLimits | None = None, stdin: bool = False) -> list[str]:
         """One tool command in the running container; ``timeout -s KILL`` bounds it inside, the caller's wall
-        clock outside."""
+        clock outside. ``stdin``: keep the exec's stdin open (``-i``) for bytes the caller feeds (an edited file)."""
         lim = limits or self.limits
         return [
-            self.runtime, "exec", "--workdir", REPO_DIR, self.name,
+            self.runtime, "exec", *(["--interactive"] if stdin else []), "--workdir", REPO_DIR,
+            "--env", "PYTHONDONTWRITEBYTECODE=1", self.name,
             "timeout", "-s", "KILL", f"{lim.wall_s:g}", "bash", "-c", f"ulimit -t {lim.cpu_s}; {command}",
         ]  # fmt: skip
 
@@ -86,9 +91,9 @@ class ContainerSandbox:
             )
         subprocess.run(self.start_argv(), check=True, capture_output=True, timeout=600)
 
-    def run(self, command: str, limits: SandboxLimits | None = None) -> Result:
+    def run(self, command: str, limits: SandboxLimits | None = None, stdin: bytes | None = None) -> Result:
         lim = limits or self.limits
-        return run_capped(self.exec_argv(command, lim), lim)
+        return run_capped(self.exec_argv(command, lim, stdin=stdin is not None), lim, stdin=stdin)
 
     def close(self) -> None:
         subprocess.run(self.stop_argv(), capture_output=True, timeout=120)

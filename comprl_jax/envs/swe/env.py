@@ -2,23 +2,13 @@
 
 One task per episode (``seed % n`` of the split's tasks, in file order). The agent's working copy is the project's
 pristine sdist with the task's bug applied and the task's test files removed (they are the hidden tests; the
-problem statement shows their failing output). Actions are one tool call as JSON inside ``<answer>...</answer>``::
-
-    {"name": "execute_bash", "arguments": {"command": "grep -n 'def take' toolz/*.py"}}
-    {"name": "str_replace_editor", "arguments": {"command": "view", "path": "/repo/toolz/itertoolz.py",
-                                                  "view_range": [400, 420]}}
-    {"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": "/repo/toolz/itertoolz.py",
-                                                  "old_str": "n - 1", "new_str": "n"}}
-    {"name": "submit", "arguments": {}}
-
+problem statement shows their failing output). The tools and the action format are tools.py's (``ToolEnv``):
 ``execute_bash`` runs in the sandbox (``sandbox.py``: the working copy at ``/repo`` is the only writable path, no
-network, capped CPU, memory, processes, output and wall time). ``str_replace_editor`` follows SWE-agent's tool:
-``view`` (a file with line numbers, or a directory two levels deep), ``create``, ``str_replace`` (``old_str`` must
-occur exactly once), ``insert`` (after ``insert_line``; 0 = at the top), ``undo_edit``; paths are absolute under
-``/repo`` and may not leave it (links are resolved first). ``submit`` ends the episode: the library files the agent
+network, capped CPU, memory, processes, output and wall time); ``str_replace_editor`` edits the host's copy
+(``files.HostFiles``, chowned to the sandbox's uid). ``submit`` ends the episode: the library files the agent
 changed (test files and ``conftest.py`` are ignored) are copied onto a fresh bugged copy, the task's test files are
 restored, and the tests run in a fresh sandbox. Reward 1 iff every fail-to-pass test passes and no test of the
-task's files fails; else 0. A turn that is not a valid tool call is an invalid action (the observation says why).
+task's files fails; else 0.
 
 Splits (``split=``): ``train`` (training projects, the tasks of their within-project train split), ``eval`` (every
 task of the held-out projects: the primary figure), ``same_project_eval`` (training projects, their held-out tasks:
@@ -35,18 +25,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from comprl_jax.envs.base import TextEnv, echo
 from comprl_jax.envs.swe import bugs
 from comprl_jax.envs.swe import projects as projects_lib
 from comprl_jax.envs.swe import tasks as tasks_lib
+from comprl_jax.envs.swe.files import HostFiles, decode
 from comprl_jax.envs.swe.sandbox import MOUNT, Sandbox, SandboxLimits
+from comprl_jax.envs.swe.tools import OBS_CHARS, ToolEnv
 
 TASK_FILE = Path(__file__).with_name("tasks.jsonl")
 SPLITS = ("train", "eval", "same_project_eval")
-OBS_CHARS = 6000  # what one tool result shows at most
-VIEW_LINES = 200  # a file view without view_range shows this many lines, then says how to see more
-TOOLS = ("execute_bash", "str_replace_editor", "submit")
-EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 # The tool-call syntax for constrained decoding (tiny models, ``actor.constrained``): submit, a short shell command,
 # or viewing a path; the full tool set stays open to unconstrained actors.
 _CMD_CHARS = r"[a-zA-Z0-9 ./_*|=:-]"
@@ -79,7 +66,7 @@ def split_tasks(tasks: list[dict], split: str) -> list[dict]:
     raise ValueError(f"SWE-Lite split must be one of {SPLITS}, got {split!r}")
 
 
-class SWELiteEnv(TextEnv):
+class SWELiteEnv(ToolEnv):
     action_regex = ACTION_REGEX
 
     def __init__(
@@ -99,7 +86,6 @@ class SWELiteEnv(TextEnv):
         self.bash_limits = bash_limits
         self.task: dict | None = None
         self._episode: Path | None = None
-        self._history: dict[str, list[str]] = {}  # undo_edit: earlier contents per path
 
     # -- episodes ------------------------------------------------------------------------------------
     def _project(self, task: dict) -> tasks_lib.Project:
@@ -146,6 +132,7 @@ class SWELiteEnv(TextEnv):
         self._bugged_copy(self.task, self.work, with_tests=False)
         self._runner = tasks_lib.runner_env()
         self.sandbox = Sandbox(str(self.work), limits=self.bash_limits, ro_paths=(str(self._runner),))
+        self.files = HostFiles(self.work, uid=self.sandbox.uid if self.sandbox.root else None)
         self._history = {}
         goal = self.task["problem_statement"]
         obs = (
@@ -161,120 +148,8 @@ class SWELiteEnv(TextEnv):
         }
         return obs, info
 
-    # -- tools ---------------------------------------------------------------------------------------
-    def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
-        call, error = _parse_call(action)
-        if error:
-            return f"Invalid action{echo(action)}: {error}", 0.0, False, {"invalid_action": True}
-        name, args = call
-        if name == "submit":
-            reward, report = self.evaluate()
-            return report, reward, True, {"invalid_action": False, "success": reward == 1.0}
-        if name == "execute_bash":
-            cmd = args.get("command")
-            if not isinstance(cmd, str) or not cmd.strip():
-                return (
-                    "execute_bash needs a non-empty string 'command'.",
-                    0.0,
-                    False,
-                    {"invalid_action": True},
-                )
-            r = self.sandbox.run(cmd)
-            return _cap(r.observation()) or "(no output)", 0.0, False, {"invalid_action": False}
-        try:
-            out = self._editor(args)
-        except _ToolError as e:
-            return f"str_replace_editor: {e}", 0.0, False, {"invalid_action": True}
-        return _cap(out), 0.0, False, {"invalid_action": False}
-
-    def _resolve(self, path: Any, must_exist: bool = True) -> tuple[Path, str]:
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise _ToolError(f"'path' must be an absolute path under {MOUNT}, got {echo(str(path)).strip()}")
-        norm = os.path.normpath(path)
-        if norm != MOUNT and not norm.startswith(MOUNT + "/"):
-            raise _ToolError(f"{norm} is outside the repository {MOUNT}")
-        rel = os.path.relpath(norm, MOUNT)
-        host = (self.work / rel) if rel != "." else self.work
-        real = Path(os.path.realpath(host))
-        root = Path(os.path.realpath(self.work))
-        if real != root and root not in real.parents:
-            raise _ToolError(f"{norm} resolves outside the repository (a link?)")
-        if must_exist and not real.exists():
-            raise _ToolError(f"{norm} does not exist")
-        return real, ("" if rel == "." else rel)
-
-    def _editor(self, args: dict) -> str:
-        cmd = args.get("command")
-        if cmd not in EDITOR_COMMANDS:
-            raise _ToolError(f"'command' must be one of {', '.join(EDITOR_COMMANDS)}")
-        path, rel = self._resolve(args.get("path"), must_exist=cmd != "create")
-        shown = f"{MOUNT}/{rel}" if rel else MOUNT
-        if cmd == "view":
-            if path.is_dir():
-                return _tree(path, shown)
-            lines = _read(path).splitlines()
-            lo, hi = 1, min(len(lines), VIEW_LINES)
-            rng = args.get("view_range")
-            if rng is not None:
-                if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) for x in rng)):
-                    raise _ToolError("'view_range' must be [first, last] line numbers (last -1 = to the end)")
-                lo, hi = rng[0], len(lines) if rng[1] == -1 else rng[1]
-                if not 1 <= lo <= max(len(lines), 1) or hi < lo:
-                    raise _ToolError(f"view_range {rng} is outside the file's {len(lines)} lines")
-            body = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(lo, min(hi, len(lines)) + 1))
-            more = ""
-            if rng is None and len(lines) > hi:
-                more = f"\n[{len(lines) - hi} more lines: view with view_range [{hi + 1}, -1]]"
-            return f"Here is {shown} (lines {lo}-{min(hi, len(lines))} of {len(lines)}):\n{body}{more}"
-        if path.is_dir():
-            raise _ToolError(f"{shown} is a directory")
-        if cmd == "create":
-            text = args.get("file_text")
-            if not isinstance(text, str):
-                raise _ToolError("create needs a string 'file_text'")
-            if path.exists():
-                raise _ToolError(f"{shown} exists already: edit it with str_replace or insert")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._write(path, rel, text, record=False)
-            return f"Created {shown} ({len(text.splitlines())} lines)."
-        if cmd == "undo_edit":
-            hist = self._history.get(rel)
-            if not hist:
-                raise _ToolError(f"no edit of {shown} to undo")
-            path.write_text(hist.pop())
-            return f"Undid the last edit of {shown}."
-        text = _read(path)
-        if cmd == "str_replace":
-            old, new = args.get("old_str"), args.get("new_str", "")
-            if not isinstance(old, str) or not old or not isinstance(new, str):
-                raise _ToolError("str_replace needs a non-empty string 'old_str' and a string 'new_str'")
-            n = text.count(old)
-            if n != 1:
-                raise _ToolError(f"old_str occurs {n} times in {shown}; it must occur exactly once")
-            edited = text.replace(old, new, 1)
-            self._write(path, rel, edited)
-            line = text[: text.index(old)].count("\n") + 1
-            return f"Edited {shown} at line {line}.\n" + _snippet(edited, line, new.count("\n") + 1)
-        # insert
-        at, new = args.get("insert_line"), args.get("new_str")
-        lines = text.splitlines(keepends=True)
-        if not isinstance(at, int) or not 0 <= at <= len(lines) or not isinstance(new, str):
-            raise _ToolError(
-                f"insert needs an integer 'insert_line' in [0, {len(lines)}] and a string 'new_str'"
-            )
-        add = new if new.endswith("\n") else new + "\n"
-        if at and not lines[at - 1].endswith("\n"):
-            lines[at - 1] += "\n"
-        out = "".join(lines[:at]) + add + "".join(lines[at:])
-        self._write(path, rel, out)
-        return f"Inserted after line {at} of {shown}.\n" + _snippet(out, at + 1, add.count("\n"))
-
-    def _write(self, path: Path, rel: str, text: str, record: bool = True) -> None:
-        if record:
-            self._history.setdefault(rel, []).append(_read(path))
-        path.write_text(text)
-        if self.sandbox.root:  # the sandbox's uid owns the copy: keep it so
-            os.chown(path, self.sandbox.uid, self.sandbox.uid)
+    def _bash(self, command: str):
+        return self.sandbox.run(command)
 
     # -- reward --------------------------------------------------------------------------------------
     def changed_files(self) -> dict[str, str | None]:
@@ -334,62 +209,6 @@ class SWELiteEnv(TextEnv):
         )
         return (1.0 if solved else 0.0), report
 
-    def system_prompt(self) -> str:
-        return (
-            "You are a software engineer fixing a bug in a Python repository at /repo. Each turn, call one tool: "
-            "think briefly inside <think>...</think>, then give the call as JSON inside <answer>...</answer>.\n"
-            "Tools:\n"
-            '- {"name": "execute_bash", "arguments": {"command": "..."}}: run a shell command in /repo (no network).\n'
-            '- {"name": "str_replace_editor", "arguments": {"command": "view"|"create"|"str_replace"|"insert"|'
-            '"undo_edit", "path": "/repo/...", ...}}: view a file (optional "view_range": [first, last]) or '
-            'directory; create (needs "file_text"); str_replace ("old_str" must occur exactly once, "new_str"); '
-            'insert ("insert_line", "new_str"); undo_edit.\n'
-            '- {"name": "submit", "arguments": {}}: submit your fix; hidden tests decide the reward.\n'
-            'Example: <answer>{"name": "execute_bash", "arguments": {"command": "ls"}}</answer>'
-        )
-
-
-class _ToolError(ValueError):
-    pass
-
-
-def _parse_call(action: str | None) -> tuple[tuple[str, dict] | None, str | None]:
-    if action is None:
-        return None, 'no <answer>...</answer> holding a tool call such as {"name": "submit", "arguments": {}}'
-    try:
-        call = json.loads(action)
-    except json.JSONDecodeError as e:
-        return None, f"the answer is not JSON ({e.msg} at character {e.pos})"
-    if not isinstance(call, dict) or call.get("name") not in TOOLS:
-        return None, f"the JSON must be an object whose 'name' is one of {', '.join(TOOLS)}"
-    args = call.get("arguments", {})
-    if not isinstance(args, dict):
-        return None, "'arguments' must be a JSON object"
-    return (call["name"], args), None
-
 
 def _read(path: Path) -> str:
-    return path.read_bytes().decode("utf-8", errors="replace")
-
-
-def _cap(text: str) -> str:
-    if len(text) <= OBS_CHARS:
-        return text
-    return text[:OBS_CHARS] + f"\n[... {len(text) - OBS_CHARS} more characters not shown ...]"
-
-
-def _snippet(text: str, line: int, n: int, context: int = 3) -> str:
-    lines = text.splitlines()
-    lo, hi = max(1, line - context), min(len(lines), line + n - 1 + context)
-    return "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(lo, hi + 1))
-
-
-def _tree(path: Path, shown: str, depth: int = 2) -> str:
-    out = [f"Files and directories in {shown}, two levels deep (hidden ones left out):"]
-    base = len(path.parts)
-    for p in sorted(path.rglob("*")):
-        rel = p.relative_to(path)
-        if len(p.parts) - base > depth or any(x.startswith(".") or x == "__pycache__" for x in rel.parts):
-            continue
-        out.append(f"{shown.rstrip('/')}/{rel.as_posix()}{'/' if p.is_dir() else ''}")
-    return "\n".join(out)
+    return decode(path.read_bytes())

@@ -37,6 +37,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import zlib
 
@@ -247,23 +248,31 @@ class Sandbox:
         ]
         return out
 
-    def run(self, command: str, limits: SandboxLimits | None = None) -> Result:
+    @property
+    def repo_dir(self) -> str:
+        return MOUNT
+
+    def run(self, command: str, limits: SandboxLimits | None = None, stdin: bytes | None = None) -> Result:
         lim = limits or self.limits
-        return run_capped(self.argv(command, lim), lim)
+        return run_capped(self.argv(command, lim), lim, stdin=stdin)
 
 
-def run_capped(argv: list[str], lim: SandboxLimits) -> Result:
+def run_capped(argv: list[str], lim: SandboxLimits, stdin: bytes | None = None) -> Result:
     """Runs ``argv`` in its own process group (one killpg ends setpriv/prlimit/bwrap, or the runtime's exec) and
     reads its merged output under ``lim``: keep ``output_bytes``, count the rest, kill the group past
-    ``drain_bytes`` or ``wall_s``; reaps it and says how it ended. Both backends run through it (container.py)."""
+    ``drain_bytes`` or ``wall_s``; reaps it and says how it ended. Both backends run through it (container.py).
+    ``stdin``: bytes fed to the command (a file the editor writes), from a thread so a command that prints before
+    it reads cannot deadlock against us; none: ``/dev/null``."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
         argv,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
     buf = bytearray()
     dropped, killed = 0, None
     sel = selectors.DefaultSelector()
@@ -301,6 +310,18 @@ def run_capped(argv: list[str], lim: SandboxLimits) -> Result:
         truncated=bool(dropped),
         wall_s=time.monotonic() - t0,
     )
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except OSError:  # the command exited (or was killed) without reading it all
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

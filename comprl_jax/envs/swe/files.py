@@ -1,0 +1,121 @@
+"""The editor's file access, one interface over two places a repository can live (issue 32 point 5).
+
+``str_replace_editor`` (tools.py) needs four things of a working copy: what a path is (after links are resolved,
+and never outside the repository), a file's text, writing a file, and a directory listing. :class:`HostFiles`
+does them on a host directory (SWE-Lite: the bubblewrap sandbox binds that directory, so the host sees the agent's
+copy). :class:`ShellFiles` does them with shell commands run by a box's ``run(command, limits, stdin=)``: a
+container (``docker exec``; SWE-Bench Verified's images) or the bubblewrap sandbox, so the same commands are tested
+here that a container runs.
+
+Paths: ``rel`` is a normalised path relative to the repository root (``""`` = the root); ``key`` is what
+:meth:`stat` resolved it to (a host ``Path`` or an absolute path inside the box), passed back to read/write/tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from comprl_jax.envs.swe.sandbox import SandboxLimits
+
+KINDS = ("file", "dir", "other")  # stat's kinds; None = missing
+READ_BYTES = 4 << 20  # the largest file the editor reads
+
+
+class ToolError(ValueError):
+    """A tool call the agent got wrong: the message is its observation."""
+
+
+def decode(data: bytes | str) -> str:
+    return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+
+
+class HostFiles:
+    """A working copy on this host at ``root``; files written are chowned to ``uid`` (the sandbox's) where given."""
+
+    def __init__(self, root: Path, uid: int | None = None):
+        self.root = Path(os.path.realpath(root))
+        self.uid = uid
+
+    def stat(self, rel: str) -> tuple[str | None, Path]:
+        real = Path(os.path.realpath(self.root / rel if rel else self.root))
+        if real != self.root and self.root not in real.parents:
+            raise ToolError("resolves outside the repository (a link?)")
+        if real.is_dir():
+            return "dir", real
+        if real.is_file():
+            return "file", real
+        return ("other" if real.exists() or real.is_symlink() else None), real
+
+    def read(self, key: Path) -> str:
+        if key.stat().st_size > READ_BYTES:
+            raise ToolError(f"is larger than {READ_BYTES >> 20} MiB; look at it with execute_bash")
+        return decode(key.read_bytes())
+
+    def write(self, key: Path, text: str) -> None:
+        made = [p for p in reversed(key.parents) if self.root in p.parents and not p.exists()]
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(text)
+        if self.uid is not None:  # the sandbox's uid owns the copy: keep it so (new directories too)
+            for p in (*made, key):
+                os.chown(p, self.uid, self.uid)
+
+    def tree(self, key: Path, depth: int = 2) -> list[tuple[str, bool]]:
+        """``[(path relative to key, is a directory)]``, ``depth`` levels, hidden entries and caches left out; a link
+        is an entry, not a directory (the shell's ``find`` says the same)."""
+        out = []
+        base = len(key.parts)
+        for p in key.rglob("*"):
+            rel = p.relative_to(key)
+            if len(p.parts) - base > depth or any(x.startswith(".") or x == "__pycache__" for x in rel.parts):
+                continue
+            out.append((rel.as_posix(), p.is_dir() and not p.is_symlink()))  # a link is listed, not followed
+        return sorted(out)
+
+
+# One command per operation; the path travels as a shell-quoted word, never inside the script's text.
+_STAT = (
+    'r=$(realpath -m -- {root}) && p=$(realpath -m -- {path}) && case "$p" in "$r"|"$r"/*) ;; *) echo outside; '
+    'exit 0;; esac; if [ -d "$p" ]; then k=dir; elif [ -f "$p" ]; then k=file; elif [ -e "$p" ] || [ -L "$p" ]; '
+    'then k=other; else k=missing; fi; printf \'%s\\n%s\' "$k" "$p"'
+)
+_TREE = r"find {path} -mindepth 1 -maxdepth {depth} \( -name '.*' -o -name __pycache__ \) -prune -o -printf '%y %P\n'"
+_LIMITS = SandboxLimits(wall_s=30, cpu_s=10, memory_mb=512, processes=16, output_bytes=READ_BYTES + 1)
+
+
+class ShellFiles:
+    """A working copy at ``root`` inside ``box`` (anything with ``run(command, limits, stdin=) -> Result``)."""
+
+    def __init__(self, box, root: str, limits: SandboxLimits = _LIMITS):
+        self.box, self.root, self.limits = box, root.rstrip("/") or "/", limits
+
+    def _run(self, command: str, stdin: bytes | None = None) -> str:
+        r = self.box.run(command, self.limits, stdin=stdin)
+        if r.truncated:
+            raise ToolError(f"is larger than {READ_BYTES >> 20} MiB; look at it with execute_bash")
+        if not r.ok:
+            raise ToolError(f"the file operation failed: {r.observation().strip()[-500:]}")
+        return r.output
+
+    def stat(self, rel: str) -> tuple[str | None, str]:
+        path = f"{self.root}/{rel}" if rel else self.root
+        out = self._run(_STAT.format(root=shlex.quote(self.root), path=shlex.quote(path)))
+        kind, _, real = out.partition("\n")
+        if kind == "outside":
+            raise ToolError("resolves outside the repository (a link?)")
+        if kind not in (*KINDS, "missing"):
+            raise ToolError(f"could not tell what the path is: {out.strip()[-300:]}")
+        return (None if kind == "missing" else kind), real
+
+    def read(self, key: str) -> str:
+        return decode(self._run(f"cat -- {shlex.quote(key)}"))
+
+    def write(self, key: str, text: str) -> None:
+        q = shlex.quote(key)
+        self._run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', stdin=text.encode())
+
+    def tree(self, key: str, depth: int = 2) -> list[tuple[str, bool]]:
+        out = self._run(_TREE.format(path=shlex.quote(key), depth=int(depth)))
+        rows = [line.split(" ", 1) for line in out.splitlines() if " " in line]
+        return sorted((rel, kind == "d") for kind, rel in rows)

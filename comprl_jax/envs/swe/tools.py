@@ -1,0 +1,222 @@
+"""The paper's SWE tools as one env base class: ``execute_bash``, ``str_replace_editor`` and ``submit`` (issue 32).
+
+Every SWE env (SWE-Lite on bubblewrap, ``env.py``; SWE-bench-format tasks on a container runtime or bubblewrap,
+``bench.py``) is a :class:`ToolEnv`: the tool calls are parsed and answered here, the same way for both; a subclass
+supplies where the repository is (``repo_dir``, ``files``: files.py) and three hooks: ``_bash(command) -> Result``,
+``evaluate() -> (reward, report)`` (what ``submit`` does) and its own ``_reset``.
+
+An action is one tool call as JSON inside ``<answer>...</answer>``::
+
+    {"name": "execute_bash", "arguments": {"command": "grep -n 'def take' toolz/*.py"}}
+    {"name": "str_replace_editor", "arguments": {"command": "view", "path": "/repo/toolz/itertoolz.py",
+                                                  "view_range": [400, 420]}}
+    {"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": "/repo/toolz/itertoolz.py",
+                                                  "old_str": "n - 1", "new_str": "n"}}
+    {"name": "submit", "arguments": {}}
+
+``str_replace_editor`` follows SWE-agent's tool: ``view`` (a file with line numbers, or a directory two levels
+deep), ``create``, ``str_replace`` (``old_str`` must occur exactly once), ``insert`` (after ``insert_line``; 0 = at
+the top), ``undo_edit``; paths are absolute under the repository and may not leave it (links are resolved first).
+A turn that is not a valid tool call is an invalid action (the observation says why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from comprl_jax.envs.base import TextEnv, echo
+from comprl_jax.envs.swe.files import ToolError
+
+OBS_CHARS = 6000  # what one tool result shows at most
+VIEW_LINES = 200  # a file view without view_range shows this many lines, then says how to see more
+TOOLS = ("execute_bash", "str_replace_editor", "submit")
+EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
+
+
+class ToolEnv(TextEnv):
+    """Subclasses set ``self.files`` (HostFiles / ShellFiles) and ``self.repo_dir`` in ``_reset``."""
+
+    repo_dir = "/repo"
+    files: Any = None
+
+    def __init__(self, max_turns: int):
+        super().__init__(max_turns)
+        self._history: dict[str, list[str]] = {}  # undo_edit: earlier contents per resolved path
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def _bash(self, command: str):
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple[float, str]:
+        raise NotImplementedError
+
+    # -- tools ---------------------------------------------------------------------------------------
+    def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
+        call, error = parse_call(action)
+        if error:
+            return f"Invalid action{echo(action)}: {error}", 0.0, False, {"invalid_action": True}
+        name, args = call
+        if name == "submit":
+            reward, report = self.evaluate()
+            return report, reward, True, {"invalid_action": False, "success": reward == 1.0}
+        if name == "execute_bash":
+            cmd = args.get("command")
+            if not isinstance(cmd, str) or not cmd.strip():
+                return (
+                    "execute_bash needs a non-empty string 'command'.",
+                    0.0,
+                    False,
+                    {"invalid_action": True},
+                )
+            r = self._bash(cmd)
+            return cap(r.observation()) or "(no output)", 0.0, False, {"invalid_action": False}
+        try:
+            out = self._editor(args)
+        except ToolError as e:
+            return f"str_replace_editor: {e}", 0.0, False, {"invalid_action": True}
+        return cap(out), 0.0, False, {"invalid_action": False}
+
+    def _resolve(self, path: Any) -> tuple[str | None, Any, str]:
+        """(kind, key, shown path) of an agent's path; ToolError when it is not an absolute path in the repo."""
+        repo = self.repo_dir
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ToolError(f"'path' must be an absolute path under {repo}, got {echo(str(path)).strip()}")
+        norm = os.path.normpath(path)
+        if norm != repo and not norm.startswith(repo + "/"):
+            raise ToolError(f"{norm} is outside the repository {repo}")
+        rel = os.path.relpath(norm, repo)
+        rel = "" if rel == "." else rel
+        try:
+            kind, key = self.files.stat(rel)
+        except ToolError as e:
+            raise ToolError(f"{norm} {e}") from None
+        return kind, key, norm
+
+    def _editor(self, args: dict) -> str:
+        cmd = args.get("command")
+        if cmd not in EDITOR_COMMANDS:
+            raise ToolError(f"'command' must be one of {', '.join(EDITOR_COMMANDS)}")
+        kind, key, shown = self._resolve(args.get("path"))
+        if kind is None and cmd != "create":
+            raise ToolError(f"{shown} does not exist")
+        if kind == "other":
+            raise ToolError(f"{shown} is not a regular file or directory")
+        if cmd == "view":
+            if kind == "dir":
+                return _tree(self.files.tree(key), shown)
+            lines = self._read(key, shown).splitlines()
+            lo, hi = 1, min(len(lines), VIEW_LINES)
+            rng = args.get("view_range")
+            if rng is not None:
+                if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) for x in rng)):
+                    raise ToolError("'view_range' must be [first, last] line numbers (last -1 = to the end)")
+                lo, hi = rng[0], len(lines) if rng[1] == -1 else rng[1]
+                if not 1 <= lo <= max(len(lines), 1) or hi < lo:
+                    raise ToolError(f"view_range {rng} is outside the file's {len(lines)} lines")
+            body = "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(lo, min(hi, len(lines)) + 1))
+            more = ""
+            if rng is None and len(lines) > hi:
+                more = f"\n[{len(lines) - hi} more lines: view with view_range [{hi + 1}, -1]]"
+            return f"Here is {shown} (lines {lo}-{min(hi, len(lines))} of {len(lines)}):\n{body}{more}"
+        if kind == "dir":
+            raise ToolError(f"{shown} is a directory")
+        if cmd == "create":
+            text = args.get("file_text")
+            if not isinstance(text, str):
+                raise ToolError("create needs a string 'file_text'")
+            if kind is not None:
+                raise ToolError(f"{shown} exists already: edit it with str_replace or insert")
+            self.files.write(key, text)
+            return f"Created {shown} ({len(text.splitlines())} lines)."
+        if cmd == "undo_edit":
+            hist = self._history.get(str(key))
+            if not hist:
+                raise ToolError(f"no edit of {shown} to undo")
+            self.files.write(key, hist.pop())
+            return f"Undid the last edit of {shown}."
+        text = self._read(key, shown)
+        if cmd == "str_replace":
+            old, new = args.get("old_str"), args.get("new_str", "")
+            if not isinstance(old, str) or not old or not isinstance(new, str):
+                raise ToolError("str_replace needs a non-empty string 'old_str' and a string 'new_str'")
+            n = text.count(old)
+            if n != 1:
+                raise ToolError(f"old_str occurs {n} times in {shown}; it must occur exactly once")
+            edited = text.replace(old, new, 1)
+            self._write(key, text, edited)
+            line = text[: text.index(old)].count("\n") + 1
+            return f"Edited {shown} at line {line}.\n" + _snippet(edited, line, new.count("\n") + 1)
+        # insert
+        at, new = args.get("insert_line"), args.get("new_str")
+        lines = text.splitlines(keepends=True)
+        if not isinstance(at, int) or not 0 <= at <= len(lines) or not isinstance(new, str):
+            raise ToolError(
+                f"insert needs an integer 'insert_line' in [0, {len(lines)}] and a string 'new_str'"
+            )
+        add = new if new.endswith("\n") else new + "\n"
+        if at and not lines[at - 1].endswith("\n"):
+            lines[at - 1] += "\n"
+        out = "".join(lines[:at]) + add + "".join(lines[at:])
+        self._write(key, text, out)
+        return f"Inserted after line {at} of {shown}.\n" + _snippet(out, at + 1, add.count("\n"))
+
+    def _read(self, key, shown: str) -> str:
+        try:
+            return self.files.read(key)
+        except ToolError as e:
+            raise ToolError(f"{shown} {e}") from None
+
+    def _write(self, key, before: str, after: str) -> None:
+        self._history.setdefault(str(key), []).append(before)
+        self.files.write(key, after)
+
+    def system_prompt(self) -> str:
+        repo = self.repo_dir
+        return (
+            f"You are a software engineer fixing a bug in a Python repository at {repo}. Each turn, call one tool: "
+            "think briefly inside <think>...</think>, then give the call as JSON inside <answer>...</answer>.\n"
+            "Tools:\n"
+            f'- {{"name": "execute_bash", "arguments": {{"command": "..."}}}}: run a shell command in {repo} '
+            "(no network).\n"
+            '- {"name": "str_replace_editor", "arguments": {"command": "view"|"create"|"str_replace"|"insert"|'
+            f'"undo_edit", "path": "{repo}/...", ...}}}}: view a file (optional "view_range": [first, last]) or '
+            'directory; create (needs "file_text"); str_replace ("old_str" must occur exactly once, "new_str"); '
+            'insert ("insert_line", "new_str"); undo_edit.\n'
+            '- {"name": "submit", "arguments": {}}: submit your fix; hidden tests decide the reward.\n'
+            'Example: <answer>{"name": "execute_bash", "arguments": {"command": "ls"}}</answer>'
+        )
+
+
+def parse_call(action: str | None) -> tuple[tuple[str, dict] | None, str | None]:
+    if action is None:
+        return None, 'no <answer>...</answer> holding a tool call such as {"name": "submit", "arguments": {}}'
+    try:
+        call = json.loads(action)
+    except json.JSONDecodeError as e:
+        return None, f"the answer is not JSON ({e.msg} at character {e.pos})"
+    if not isinstance(call, dict) or call.get("name") not in TOOLS:
+        return None, f"the JSON must be an object whose 'name' is one of {', '.join(TOOLS)}"
+    args = call.get("arguments", {})
+    if not isinstance(args, dict):
+        return None, "'arguments' must be a JSON object"
+    return (call["name"], args), None
+
+
+def cap(text: str) -> str:
+    if len(text) <= OBS_CHARS:
+        return text
+    return text[:OBS_CHARS] + f"\n[... {len(text) - OBS_CHARS} more characters not shown ...]"
+
+
+def _snippet(text: str, line: int, n: int, context: int = 3) -> str:
+    lines = text.splitlines()
+    lo, hi = max(1, line - context), min(len(lines), line + n - 1 + context)
+    return "\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(lo, hi + 1))
+
+
+def _tree(entries: list[tuple[str, bool]], shown: str) -> str:
+    out = [f"Files and directories in {shown}, two levels deep (hidden ones left out):"]
+    out += [f"{shown.rstrip('/')}/{rel}{'/' if is_dir else ''}" for rel, is_dir in entries]
+    return "\n".join(out)
