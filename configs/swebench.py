@@ -13,8 +13,10 @@ Launch:
   python launch/train.py --config=configs/swebench.py:tiny --workdir=runs/swe_tiny    # tiny random models (the suite)
 Baselines: append `,baseline` (and the other methods of configs/minihack_room.py).
 
-SWE-Bench Verified itself needs its per-task images under docker or podman: ``comprl_jax/envs/swe/container.py``
-builds the container commands for the same tools (untested here: no image can be pulled on this machine).
+SWE-Bench Verified itself needs its per-task images under docker or podman: ``comprl_jax/envs/swe/bench.py``
+(``SWEBenchEnv``) plays SWE-bench records with the same tools there, or on bubblewrap over local checkouts; its
+docstring shows the ``register(...)`` call that makes it a training env (the container runtime is untested here: no
+image can be pulled on this machine).
 """
 
 from comprl_jax.config import apply_tasks, build
