@@ -1,6 +1,8 @@
 """The slot engine (sampling/slots.py) and the continuous-batching rollout (rollout/continuous.py): greedy results equal
 the lock-step engine's, rows are independent of their batch, and the schedule is reproducible."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -410,3 +412,31 @@ def test_tiny_actor_starts_uniform_over_the_actions(trainer):
     assert np.isclose(share.sum(), 1.0) and share.min() > 0.05 and share.max() < 0.25, dict(
         zip(actions, share, strict=True)
     )
+
+
+def test_the_runs_constraint_groups_fix_the_automaton_and_change_no_token(trainer):
+    """Rollout.constraint_groups: a play whose episodes need fewer groups (evaluation plays one env and mode at a
+    time) still stacks the run's whole union, so its automaton, hence its compiled decode, is the training one; the
+    blocks no row starts in change no sampled token."""
+    from comprl_jax.rollout.continuous import Continuous
+    from comprl_jax.rollout.engine import Rollout
+    from comprl_jax.rollout.pools import reset_all
+
+    env = trainer.config.env.tasks[0]
+    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
+    specs = trainer.episode_specs(trainer.tasks.next(), guided=False)  # these need (env, False) only
+    tok = trainer.actor.model.tokenizer
+    plain = Rollout(
+        trainer.pools, trainer.actor.sampler, tok, sp, 4, 2048, constraint_for=trainer._constraint
+    )
+    run_wide = dataclasses.replace(plain, constraint_groups=((env, False), (env, True)))
+    engine = Continuous(slots=4)
+    states = {
+        name: int(engine._slot_batch(r, specs)[0].constraint.allowed.shape[0])
+        for name, r in (("plain", plain), ("run_wide", run_wide))
+    }
+    own = [int(trainer._constraint(env, a).allowed.shape[0]) for a in (False, True)]
+    assert states == {"plain": own[0], "run_wide": own[0] + own[1]}
+    key = jax.random.key(6)
+    a, b = (engine.play(r, specs, reset_all(trainer.pools, specs), key)[0] for r in (plain, run_wide))
+    _same(a, b)

@@ -148,6 +148,12 @@ class Trainer:
         self.background = ExtractorUpdates(self.track, self.extractor, self._event)
         self.actor_sampling = cfg.actor.sampling
         self._constraints: dict[tuple[str, bool], Any] = {}
+        # Every (env, may ask) constraint of the run: each play stacks them all, so the continuous engine compiles
+        # one automaton shape per run, not one per evaluation play (Rollout.constraint_groups).
+        flags = (False, True) if self.search_ask else (False,)
+        self._constraint_groups = (
+            tuple((env, f) for env in cfg.env.tasks for f in flags) if cfg.actor.constrained else ()
+        )
         self.step = 0
         self.key = jax.random.key(cfg.seed)
         # Actor-critic: the actor's running success per env id ([successes, episodes]), shown to its judgement.
@@ -366,6 +372,7 @@ class Trainer:
             search_ask=NO_SEARCH_ASK
             if ask is None
             else SearchAsk(ask, self.config.retrieval.search_and_ask_max),
+            constraint_groups=self._constraint_groups,
         )
         engine = self.engine_override or make_engine(self.config.rollout, gather)
         trajs, timing = engine.play(rollout, specs, resets, key)

@@ -40,6 +40,10 @@ class Rollout:
       stop_strings: a reply ends at any of these (and at the search & ask closing tag when the tool is on).
       search_ask: the tool (SPEC §5) for episodes with ``spec.can_ask``; its sample keys come back per trajectory in
         ``Trajectory.ask_keys`` so the trainer can reward those extractor samples with the episode's outcome.
+      constraint_groups: every ``(env_id, may_ask)`` constraint a play of the run can need. The continuous engine
+        stacks them all into each play's automaton (plus any a play needs beyond them), so its shape, hence the
+        compiled decode programs, stay one per run: evaluation plays one env and mode at a time and would otherwise
+        compile a new automaton for each. Blocks no row starts in are never reached (same tokens either way).
     """
 
     pools: Pools
@@ -51,6 +55,7 @@ class Rollout:
     constraint_for: Callable[[str, bool], Any] | None = None
     stop_strings: tuple[str, ...] = ("</answer>",)
     search_ask: SearchAsk = NO_SEARCH_ASK
+    constraint_groups: tuple[tuple[str, bool], ...] = ()
 
     @property
     def im_end(self) -> int | None:
