@@ -215,6 +215,42 @@ def test_packed_update_equals_unpacked(cfg):
         np.testing.assert_allclose(m_p[k], m[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
+def test_packed_update_on_a_mesh_equals_unpacked_on_one_device():
+    """The packed actor update sharded over data 2 x fsdp 2 x tensor 2 of the 8 fake devices (segment ids and
+    per-segment positions split over the batch axes with the rows) gives the unpacked one-device step's parameters
+    and metrics."""
+    from comprl_jax.rl.train_state import train_state_shardings
+    from comprl_jax.runtime import sharding as shd
+
+    cfg = losses.ActorLossConfig()
+    logits_fn, params = model()
+    batch = episodes_batch("actor", seed=2)
+    old = np.asarray(make_logprob_fn(logits_fn, micro_rows=2)(params, batch))
+    noise = np.random.default_rng(3).normal(scale=0.3, size=old.shape).astype(np.float32)
+    batch["old_logprobs"] = (old + noise) * batch["loss_mask"]
+    want, m = make_update_fn(logits_fn, cfg, optax.sgd(1.0), micro_rows=2)(
+        create_train_state(jax.tree.map(jnp.copy, params), optax.sgd(1.0)), batch
+    )
+
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    _, sharded = init_decoder(CFG, seed=0, mesh=mesh)
+    state = create_train_state(sharded, optax.sgd(1.0), mesh)
+    shardings = train_state_shardings(state, mesh)
+    # one micro-batch of 4 rows (2 hold episodes): a row per batch device, as the role packs (row_multiple)
+    packed = packing.pack_batch(batch, micro_rows=4, row_multiple=4)
+    assert packed["segment_ids"].shape[0] == 4
+    update = make_update_fn(
+        logits_fn, cfg, optax.sgd(1.0), micro_rows=4, mesh=mesh, state_shardings=shardings
+    )
+    with jax.set_mesh(mesh):
+        got, m_p = update(state, shd.put_batch(packed, mesh))
+    for a, b in zip(jax.tree.leaves(want.params), jax.tree.leaves(got.params), strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    for k in m:
+        np.testing.assert_allclose(m_p[k], m[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
 def test_role_pack_step_makes_the_behaviour_flag_per_token():
     """``roles.pack_step`` (what dispatch_update does per optimizer step): the extractor's per-row flag of rows
     whose pi_old is the behaviour logprobs becomes a per-token flag, which ``_with_behaviour`` applies."""
