@@ -135,7 +135,9 @@ def parse_args(argv):
         "--param_dtype", default="", help="parameter dtype (default <role>.param_dtype or float32)"
     )
     p.add_argument(
-        "--moe_dispatch", default="", help="MoE models: dropless | capacity | gmm (default: the model's)"
+        "--moe_dispatch",
+        default="",
+        help="MoE models: dropless | capacity | gmm (default: <role>.moe_dispatch, else the model's)",
     )
     p.add_argument(
         "--attention",
@@ -308,7 +310,9 @@ def build_role(c, args, name: str, devices) -> RoleSetup:
     dtype = args.dtype or section.get("dtype") or "bfloat16"
     param_dtype = args.param_dtype or section.get("param_dtype") or "float32"
     try:
-        extra = {"moe_dispatch": args.moe_dispatch} if args.moe_dispatch else {}
+        dispatch = args.moe_dispatch or section.get("moe_dispatch") or ""
+        extra = {"moe_dispatch": dispatch} if dispatch else {}
+        extra["moe_exchange_tokens"] = section.get("moe_exchange_tokens", 4096)
         extra["attention"] = args.attention or section.get("attention") or "auto"
         cfg = named_config(model_spec(spec), dtype=dtype, param_dtype=param_dtype, **extra)
     except FileNotFoundError as e:

@@ -16,6 +16,7 @@ COMMAND:
   .venv/bin/python launch/plan_memory.py --paper=v5p-64     # one JSON line per placement, then a table
   .venv/bin/python launch/plan_memory.py --paper=8xh100
   .venv/bin/python launch/plan_memory.py --paper=v5p-64 --study=capacity   # Qwen3-30B-A3B extractor (also 8xh200)
+  .venv/bin/python launch/plan_memory.py --paper=v5p-64 --study=capacity --moe_dispatch=gmm   # its TPU dispatch
   .venv/bin/python launch/plan_memory.py --config=qwen3-30b-a3b --mesh=fsdp=8   # experts over the 8 fsdp devices
   .venv/bin/python launch/plan_memory.py --config=qwen2.5-7b-instruct --mesh=fsdp=8 --batch=8 --seq_len=4096
   # prints one JSON line, then a table; optimizer state per device = 7,617,949,696 bytes (7.09 GiB)
@@ -25,6 +26,7 @@ COMMAND:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -62,6 +64,11 @@ flags.DEFINE_enum(
     "--paper: the main setting or the extractor-capacity study (MoE extractor)",
 )
 flags.DEFINE_integer("logits_chunk", 2048, "--paper: positions per output-head chunk (0 = full logits)")
+flags.DEFINE_string(
+    "moe_dispatch",
+    "",
+    "--study=capacity: the extractor's MoE dispatch ('' = the model's dropless; gmm = the TPU path)",
+)
 
 GIB = 1024**3
 
@@ -184,7 +191,7 @@ def kv_bytes_per_row(cfg, seq: int, tensor: int) -> int:
 
 
 def update_activation_bytes(
-    cfg, rows: int, seq: int, tensor: int, logits_chunk: int, compute_bytes: int = 2
+    cfg, rows: int, seq: int, tensor: int, logits_chunk: int, compute_bytes: int = 2, expert_shards: int = 1
 ) -> dict[str, int]:
     """Per-device activation bytes of one micro-batch's forward + backward (``rows`` sequences on this device).
 
@@ -198,7 +205,13 @@ def update_activation_bytes(
     dispatched input and the expert output (``D`` each), gate/up/activation (``3 x F_moe``), the gathered
     per-choice output (``D``), plus float32 router logits and probabilities (``2 x E`` per token); values and
     cotangents. The dropless dispatch also gathers one layer's expert weights and their gradient (compute
-    dtype; FSDP style). ``layer_working_set`` is the larger of the dense and the MoE layer.
+    dtype; FSDP style). The ``gmm`` dispatch on an expert axis of ``expert_shards`` = P devices exchanges each
+    round of ``cfg.moe_exchange_tokens`` tokens through static worst-case buffers of ``P x k`` rows per token
+    (``models.moe``): send, receive, the receive sorted by expert, the expert output and its way back (``D``
+    each, 5 + the two local ones) and gate/up/activation (``3 x F_moe``), values and cotangents, one round at
+    a time (``expert_exchange``; the TPU compiler, tiny MoE on v5p, 4,096 tokens per device: +214 MiB temporaries
+    from P = 1 to 4 in one round, 4.6 KB per exchanged row against 5.1 KB here; +2.4 MiB in rounds of 1,024).
+    ``layer_working_set`` is the larger of the dense and the MoE layer.
     """
     from comprl_jax.models.layers import CAUSAL_BANDS, QUERY_CHUNK
 
@@ -215,7 +228,18 @@ def update_activation_bytes(
         k, e, t_fm = cfg.num_experts_per_tok, cfg.num_experts, -(-cfg.moe_intermediate_size // tensor)
         exact = cfg.moe_dispatch != "capacity"  # dropless and gmm route every assignment (k slots per token)
         slots = k if exact else cfg.capacity_factor * k
-        moe_layer = int(tokens * ((attn_and_norms + slots * (2 * d + 3 * t_fm) + k * d) * cd + 2 * e * 4) * 2)
+        if cfg.moe_dispatch.startswith("gmm"):
+            # the sorted assignments through the grouped matmuls: all local tokens at once without an expert
+            # axis; with one, P x k rows per token of one exchange round (the rounds are rematerialised)
+            p = expert_shards
+            chunk = min(tokens, cfg.moe_exchange_tokens or tokens) if p > 1 else tokens
+            width = 7 * d + 3 * t_fm if p > 1 else 3 * d + 3 * t_fm
+            out["expert_exchange"] = 2 * p * k * chunk * width * cd
+            moe_layer = int(tokens * ((attn_and_norms + k * d) * cd + 2 * e * 4) * 2)
+        else:
+            moe_layer = int(
+                tokens * ((attn_and_norms + slots * (2 * d + 3 * t_fm) + k * d) * cd + 2 * e * 4) * 2
+            )
         layer = max(layer, moe_layer)
         if cfg.moe_dispatch == "dropless":
             out["expert_weights_gathered"] = 2 * 3 * e * d * t_fm * cd
@@ -260,6 +284,7 @@ def paper_plan(
     actor_tensor: int = 1,
     extractor_tensor: int = 1,
     study: str = "main",
+    moe_dispatch: str = "",
 ) -> dict:
     """Whether the paper's setting fits per device on ``hardware``, for one placement and tensor split.
 
@@ -278,6 +303,8 @@ def paper_plan(
     usable = int(hw["hbm_bytes"] * USABLE)
     extractor = STUDY_EXTRACTOR[study]
     actor_cfg, ext_cfg = named_config(PAPER["actor"]), named_config(extractor)
+    if moe_dispatch and ext_cfg.num_experts:  # extractor.moe_dispatch ("gmm": the TPU path, models/moe.py)
+        ext_cfg = dataclasses.replace(ext_cfg, moe_dispatch=moe_dispatch)
     actor_n = ext_n = n if placement == "colocated" else n // 2
     t_a, t_e = actor_tensor, extractor_tensor
     for name, t, m in (("actor", t_a, actor_n), ("extractor", t_e, ext_n)):
@@ -291,7 +318,9 @@ def paper_plan(
     e_state = state_bytes(extractor, ext_mesh, ext_mb)
     emb = plan(PAPER["embedder"], ext_mesh, 1, 1, "bfloat16", "bfloat16")["bytes_per_device"]["params"]
     a_act = update_activation_bytes(actor_cfg, 1, PAPER["actor_seq"], t_a, logits_chunk)
-    e_act = update_activation_bytes(ext_cfg, 1, PAPER["extractor_seq"], t_e, logits_chunk)
+    e_act = update_activation_bytes(
+        ext_cfg, 1, PAPER["extractor_seq"], t_e, logits_chunk, expert_shards=ext_mesh["fsdp"]
+    )  # experts over the fsdp devices (runtime/sharding.py)
     a_res, e_res = sum(a_state.values()), sum(e_state.values()) + emb
     a_up, e_up = sum(a_act.values()), sum(e_act.values())
     # Each sampler keeps its own bf16 copy on a (data = n / t, 1, t) decode mesh (sampling/layout.py), resident
@@ -359,11 +388,13 @@ def paper_plan(
     }
 
 
-def best_paper_plan(hardware: str, placement: str, logits_chunk: int = 2048, study: str = "main") -> dict:
+def best_paper_plan(
+    hardware: str, placement: str, logits_chunk: int = 2048, study: str = "main", moe_dispatch: str = ""
+) -> dict:
     """The fitting plan with the least tensor parallelism (fewest waves on ties); the last tried if none fits."""
     n = HARDWARE[hardware]["devices"] // (1 if placement == "colocated" else 2)
     tried = [
-        paper_plan(hardware, placement, logits_chunk, ta, te, study)
+        paper_plan(hardware, placement, logits_chunk, ta, te, study, moe_dispatch)
         for ta in (1, 2, 4)
         for te in (1, 2, 4, 8)
         if n % ta == 0 and n % te == 0
@@ -406,10 +437,10 @@ def main(argv):
     del argv
     if FLAGS.paper:
         rows = [
-            paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, study=FLAGS.study)
+            paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, study=FLAGS.study, moe_dispatch=FLAGS.moe_dispatch)
             for p in ("colocated", "disjoint")
         ] + [  # pure fsdp above, then the least tensor split that fits
-            best_paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, FLAGS.study)
+            best_paper_plan(FLAGS.paper, p, FLAGS.logits_chunk, FLAGS.study, FLAGS.moe_dispatch)
             for p in ("colocated", "disjoint")
         ]
         for r in rows:

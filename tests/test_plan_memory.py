@@ -262,3 +262,29 @@ def test_capacity_study_plan_verdicts():
     assert not any(
         pm.best_paper_plan("16xh100", p, study="capacity")["fits"] for p in ("colocated", "disjoint")
     )
+
+
+def test_gmm_exchange_rounds_by_hand():
+    """The gmm dispatch's exchange (models/moe.py): per MoE layer 2 x P x k rows per token of one round, each
+    7 D + 3 F_moe / tensor wide in bf16 (values + cotangents). Qwen3-30B-A3B (D 2,048, k 8, F_moe 768) at 65,536
+    tokens, tensor 4, 8 expert shards: 2 x 8 x 8 x 4,096 x 14,912 x 2 = 15,636,365,312 bytes (14.56 GiB) in rounds
+    of 4,096, 16 times that (233 GiB) in one round; without an expert axis all tokens at once, 3 D + 3 F wide."""
+    import dataclasses
+
+    from comprl_jax.models.config import named_config
+
+    pm = _pm()
+    cfg = dataclasses.replace(named_config("qwen3-30b-a3b-instruct-2507"), moe_dispatch="gmm")
+    rounds = pm.update_activation_bytes(cfg, 1, 65_536, 4, 2048, expert_shards=8)
+    assert rounds["expert_exchange"] == 2 * 8 * 8 * 4096 * (7 * 2048 + 3 * 192) * 2 == 15_636_365_312
+    assert "expert_weights_gathered" not in rounds  # gmm never gathers the experts' weights
+    one = pm.update_activation_bytes(
+        dataclasses.replace(cfg, moe_exchange_tokens=0), 1, 65_536, 4, 2048, expert_shards=8
+    )
+    assert one["expert_exchange"] == 16 * rounds["expert_exchange"]
+    local = pm.update_activation_bytes(cfg, 1, 65_536, 4, 2048, expert_shards=1)
+    assert local["expert_exchange"] == 2 * 8 * 65_536 * (3 * 2048 + 3 * 192) * 2
+    # the capacity study with the TPU dispatch still fits a v5p-64, in rounds
+    best = pm.best_paper_plan("v5p-64", "colocated", study="capacity", moe_dispatch="gmm")
+    assert best["fits"] and best["mesh"]["extractor"] == {"data": 1, "fsdp": 8, "tensor": 4}
+    assert best["update_activations_gib"]["extractor"]["expert_exchange"] == 14.56

@@ -111,7 +111,8 @@ def base_config() -> ml_collections.ConfigDict:
     # The sampler's KV cache (models/kv_cache.py): "dense" [L, B, S, Hkv, Dh] rows that grow together, or "paged" (a
     # page pool + a page table per row: memory follows the tokens the rows hold, parking a slot engine row copies
     # nothing, a step reads the live window's pages). Same tokens either way; paged decodes 1.4-2x faster on CPU at
-    # 1k-16k positions (WORKSPACE "KV caches"). Dense stays the default until paged has run on a mesh.
+    # 1k-16k positions (WORKSPACE "KV caches"). Dense stays the default: on a mesh paged samples the same tokens,
+    # but its page pool is replicated over the data axis (every chip holds every row's pages).
     c.actor.kv_cache = "dense"
     # Sequence packing of the update batch (roles.packing): episodes share rows of the batch's bucketed length
     # (segment ids keep them apart in attention), first-fit decreasing, instead of one episode per row padded to
@@ -123,6 +124,16 @@ def base_config() -> ml_collections.ConfigDict:
     # (TPU: the Pallas splash kernel, NVIDIA GPU: cuDNN flash attention in bf16, CPU: "xla", the chunked reference);
     # or force "xla" | "cudnn" | "splash" (a kernel that cannot run falls back to "xla" with a logged reason).
     c.actor.attention = "auto"
+    # Mixture-of-experts models (the capacity study's Qwen3-30B-A3B): the expert dispatch (models/config.py
+    # MOE_DISPATCH). "" = the model's own, "dropless" (exact; gathers a layer's expert weights; does not lower for
+    # TPU); "gmm": exact grouped matmuls (the megablox kernel on TPU) with the expert-parallel all-to-all over the
+    # fsdp devices, the TPU path; "capacity": GShard slots, tokens past an expert's capacity are dropped. Dense
+    # models ignore both keys.
+    c.actor.moe_dispatch = ""
+    # "gmm" on an expert axis of P devices: a device's tokens go through the exchange in rounds of this many,
+    # because its buffers are the static worst case, P x k rows per token of a round (models/moe.py); 0 = one
+    # round (a 64k-token sequence on 8 expert shards: ~233 GiB per chip, launch/plan_memory.py).
+    c.actor.moe_exchange_tokens = 4096
 
     c.extractor = ml_collections.ConfigDict()
     c.extractor.model = "Qwen/Qwen3-4B-Thinking-2507"
@@ -167,6 +178,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.extractor.kv_cache = "dense"  # as actor.kv_cache
     c.extractor.pack = True  # as actor.pack
     c.extractor.attention = "auto"  # as actor.attention
+    c.extractor.moe_dispatch = ""  # as actor.moe_dispatch ("gmm" for the capacity study on TPU)
+    c.extractor.moe_exchange_tokens = 4096  # as actor.moe_exchange_tokens
     c.extractor.train = True  # False: a frozen extractor (Static Online Exp., Offline Exp., and the baseline)
 
     c.bank = ml_collections.ConfigDict()

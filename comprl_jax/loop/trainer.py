@@ -183,6 +183,7 @@ class Trainer:
         model = load_model(
             section.model, role=name, tokenizer=tok, seed=seed, mesh=mesh,
             param_dtype=section.param_dtype, dtype=section.dtype, attention=section.attention,
+            moe_dispatch=section.moe_dispatch, moe_exchange_tokens=section.moe_exchange_tokens,
         )  # fmt: skip
         return roles.build_role(model, name, section, loss, rows, mesh)
 

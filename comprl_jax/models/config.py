@@ -142,6 +142,10 @@ class ModelConfig:
         and batch row; assignments past it are dropped), or "gmm" / "gmm_interpret" (exact: grouped matmul, the
         megablox kernel on TPU, expert-parallel all-to-all under a mesh; see :data:`MOE_DISPATCH`). Not part of
         the checkpoint: a run-time choice.
+      moe_exchange_tokens: "gmm" with an expert axis of ``P`` devices: a device's tokens go through the
+        all-to-all in rounds of at most this many (each round rematerialised in the backward), because the
+        exchange buffer is the static worst case, ``P x k`` rows per token of a round: over a 64k-token
+        sequence and 8 expert shards that alone is ~250 GB (Qwen3-30B-A3B); 0 = one round. Run-time, exact.
       attention: the full-sequence forward's attention backend, one of :data:`ATTENTION` (``models.attention``).
         Not part of the checkpoint: a run-time choice (never written to config.json).
     """
@@ -172,6 +176,7 @@ class ModelConfig:
     router_aux_loss_coef: float = 0.0
     moe_dispatch: str = "dropless"
     capacity_factor: float = 1.25
+    moe_exchange_tokens: int = 4096
     attention: str = "auto"
 
     def __post_init__(self):
@@ -224,6 +229,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCH}")
         if not self.capacity_factor > 0:
             raise ValueError(f"ModelConfig.capacity_factor must be > 0, got {self.capacity_factor}")
+        if self.moe_exchange_tokens < 0:
+            raise ValueError(f"ModelConfig.moe_exchange_tokens must be >= 0, got {self.moe_exchange_tokens}")
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether layer ``i`` has a mixture-of-experts MLP (HF ``Qwen3MoeDecoderLayer``'s rule)."""

@@ -27,7 +27,9 @@ Three dispatches, all static-shaped (one compilation per input shape):
   with a second all-to-all; the expert width stays split over ``tensor`` (partial sums ``psum``-ed). The
   exchange buffer is static and dropless: ``P x`` (local assignments) rows per device for ``P`` expert shards,
   i.e. the worst case (every assignment to one device), of which the kernel computes only the filled rows
-  (its grid follows the group sizes). Without a mesh (or when a shape does not divide) it runs locally.
+  (its grid follows the group sizes); so a device's tokens go in rounds of ``ModelConfig.moe_exchange_tokens``
+  (each rematerialised), which bounds that buffer by the round, not the sequence. Without a mesh (or when a
+  shape does not divide) it runs locally.
 
 Padding tokens (``valid`` false) never take capacity and are left out of the routing statistics.
 """
@@ -263,6 +265,21 @@ def _gmm_expert_parallel(x2, ids2, gate, up, down, kernel: str, ep, num_shards: 
     return jnp.zeros((nk, d), ys.dtype).at[order].set(back[slot], unique_indices=True).reshape(n, k, d)
 
 
+def _gmm_exchange_rounds(x2, ids2, gate, up, down, kernel, ep, num_shards: int, max_tokens: int) -> jax.Array:
+    """:func:`_gmm_expert_parallel` over rounds of at most ``max_tokens`` of this device's ``N`` tokens (the
+    largest divisor of ``N`` not above it; 0 or ``N`` <= it: one round). Tokens are independent in the layer, so
+    the result is the one-round result; each round is rematerialised, so the backward holds one round's
+    ``P x k`` exchange rows at a time instead of all tokens' (ModelConfig.moe_exchange_tokens)."""
+    n, d = x2.shape
+    k = ids2.shape[1]
+    if not max_tokens or n <= max_tokens:
+        return _gmm_expert_parallel(x2, ids2, gate, up, down, kernel, ep, num_shards)
+    c = max(i for i in range(1, max_tokens + 1) if n % i == 0)
+    one = jax.checkpoint(lambda xc, ic: _gmm_expert_parallel(xc, ic, gate, up, down, kernel, ep, num_shards))
+    out = jax.lax.map(lambda a: one(*a), (x2.reshape(n // c, c, d), ids2.reshape(n // c, c, k)))
+    return out.reshape(n, k, d)
+
+
 def _mesh_axes(mesh, name: str) -> tuple[str, ...]:
     target = dict(sharding.DEFAULT_RULES).get(name)
     targets = (target,) if isinstance(target, str) else tuple(target or ())
@@ -300,7 +317,9 @@ def _gmm(cfg: ModelConfig, p: dict, x: jax.Array, ids: jax.Array) -> jax.Array:
                 bl = xl.shape[0]
                 x2, i2 = xl.reshape(bl * t, d), il.reshape(bl * t, k)
                 if n_ep > 1:
-                    per = _gmm_expert_parallel(x2, i2, g, u, dn, kernel, _entry(ep), n_ep)
+                    per = _gmm_exchange_rounds(
+                        x2, i2, g, u, dn, kernel, _entry(ep), n_ep, cfg.moe_exchange_tokens
+                    )
                 else:
                     per = _gmm_local(x2, i2, g, u, dn, kernel)
                 if tp:  # each tensor shard holds a slice of the expert width: partial sums of the down matmul

@@ -116,12 +116,19 @@ def load_model(
     param_dtype: str = "float32",
     dtype: str = "float32",
     attention: str = "auto",
+    moe_dispatch: str = "",
+    moe_exchange_tokens: int = 4096,
 ) -> LoadedModel:
     """Builds one model by spec (see module docstring). ``tokenizer`` is required for the :data:`TINY_SPECS`
     (ignored otherwise: real models bring their own). ``param_dtype`` / ``dtype``: master weights and compute
     (config keys ``{role}.param_dtype`` / ``{role}.dtype``), whatever the checkpoint stores. ``attention``: the
-    forward's attention backend (``{role}.attention``, ``models.attention``; a run-time choice, not stored)."""
+    forward's attention backend (``{role}.attention``, ``models.attention``; a run-time choice, not stored).
+    ``moe_dispatch`` / ``moe_exchange_tokens``: a mixture-of-experts model's dispatch ("" = its own) and exchange
+    rounds (``{role}.moe_dispatch`` / ``moe_exchange_tokens``; run-time choices, not stored)."""
     precision = {"param_dtype": param_dtype, "dtype": dtype, "attention": attention}
+    precision["moe_exchange_tokens"] = moe_exchange_tokens
+    if moe_dispatch:
+        precision["moe_dispatch"] = moe_dispatch
     if spec in TINY_SPECS:
         if tokenizer is None:
             raise ValueError(f"{role}.model={spec!r} needs the run's tiny tokenizer")

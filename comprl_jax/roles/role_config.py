@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from comprl_jax.experience.buffer import BufferConfig
-from comprl_jax.models.config import ATTENTION
+from comprl_jax.models.config import ATTENTION, MOE_DISPATCH
 from comprl_jax.rl.advantages import ADV_NORMS
 from comprl_jax.rl.losses import ActorLossConfig, ExtractorLossConfig
 from comprl_jax.rl.train_state import OptimConfig
@@ -45,6 +45,8 @@ class RoleConfig:
     kv_cache: str = "dense"  # the sampler's KV cache (sampling.service.KV_CACHES)
     pack: bool = True  # sequence packing of the update batches (roles.packing)
     attention: str = "auto"
+    moe_dispatch: str = ""  # "" = the model's own (models.config.MOE_DISPATCH)
+    moe_exchange_tokens: int = 4096
 
     def __post_init__(self):
         check(self.lr > 0, "lr", "must be positive", self.lr)
@@ -71,6 +73,18 @@ class RoleConfig:
         )
         check(self.kv_cache in ("dense", "paged"), "kv_cache", "must be 'dense' or 'paged'", self.kv_cache)
         check(self.attention in ATTENTION, "attention", f"must be one of {ATTENTION}", self.attention)
+        check(
+            self.moe_dispatch in ("", *MOE_DISPATCH),
+            "moe_dispatch",
+            f"must be '' (the model's own) or one of {MOE_DISPATCH}",
+            self.moe_dispatch,
+        )
+        check(
+            self.moe_exchange_tokens >= 0,
+            "moe_exchange_tokens",
+            "must be >= 0 (0 = one round)",
+            self.moe_exchange_tokens,
+        )
         check(self.logits_chunk >= 0, "logits_chunk", "must be >= 0 (0 = full logits)", self.logits_chunk)
 
     @property
