@@ -28,7 +28,9 @@ OVER = {
     "retrieval.k": 2,
     "bank.merge_every": 2,
     "env.max_turns": 8,
-    "train.steps": 4,
+    # 4 steps run (--stop_after=4) of 5: the run stops with its checkpoint, store and digests but skips the
+    # end-of-run evaluation, which this test does not read (it compiled new sampler programs in each run)
+    "train.steps": 5,
     "checkpoint.every": 10,  # a checkpoint joins the update in flight; keep them out of the way
     # auto would pick "rollout" for the disjoint run and "update" for the co-located one; the co-located run takes
     # the disjoint run's schedule, so that only the placement differs
@@ -55,6 +57,7 @@ def _run(workdir, cache_dir, **over):
         "launch/train.py",
         "--config=configs/minihack_room.py:tiny",
         f"--workdir={workdir}",
+        "--stop_after=4",
     ]
     cmd += flags(**{**OVER, **over})
     r = subprocess.run(cmd, cwd=REPO, env=_env(cache_dir), capture_output=True, text=True, timeout=600)
