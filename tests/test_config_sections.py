@@ -172,3 +172,14 @@ def test_the_run_config_is_opened_in_one_place_and_sections_are_read_where_they_
         "cfg.actor.updates_per_batch" in e
         for _, e in _whole_config_reads(os.path.join(PACKAGE, "loop/trainer.py"))
     )
+
+
+def test_a_run_from_before_the_moe_keys_upgrades_to_the_current_config():
+    """Runs saved before {role}.moe_dispatch / moe_exchange_tokens existed resume with the model's own dispatch."""
+    import copy
+
+    current = config_lib.build("tiny", "t").to_dict()
+    old = copy.deepcopy(current)
+    for role in ("actor", "extractor"):
+        del old[role]["moe_dispatch"], old[role]["moe_exchange_tokens"]
+    assert config_lib.upgrade_saved(old) == current

@@ -34,13 +34,13 @@ def _close(got, want, name=""):
     )
 
 
-def _layer_case(e=8, k=2):
+def _layer_case(e=8, k=2, t=6):
     cfg = ModelConfig.tiny(
         "qwen3_moe", hidden_size=32, num_experts=e, num_experts_per_tok=k, moe_intermediate_size=48
     )
     rng = np.random.default_rng(0)
     p = {n: jnp.asarray(rng.normal(0, 0.3, s), jnp.float32) for n, s in moe.param_shapes(cfg).items()}
-    b, t = 8, 6
+    b = 8
     x = jnp.asarray(rng.normal(size=(b, t, cfg.hidden_size)), jnp.float32)
     valid = jnp.asarray(np.arange(t)[None] < rng.integers(2, t + 1, b)[:, None])
     return cfg, p, x, valid
@@ -84,7 +84,7 @@ def test_layer_matches_dropless_one_device(dispatch, layer_ref):
 # (jax.lax.ragged_all_to_all, which XLA:CPU lacks) with a reference of its documented semantics in its place.
 MESHES = {
     "fsdp8": ({"fsdp": 8}, "gmm_interpret", False),
-    # rounds of 3 of the 6 tokens per device (ModelConfig.moe_exchange_tokens=4: its largest divisor not above 4)
+    # 6 tokens per device in rounds of at most 4 (ModelConfig.moe_exchange_tokens): 2 rounds of 3
     "fsdp8_rounds": ({"fsdp": 8}, "gmm", False),
     "data2_fsdp2_tensor2": ({"data": 2, "fsdp": 2, "tensor": 2}, "gmm", False),
     "data2_fsdp4_ragged": ({"data": 2, "fsdp": 4}, "gmm", True),
@@ -139,7 +139,23 @@ def test_layer_expert_parallel_matches_dropless(mesh_name, layer_ref, monkeypatc
         mesh_name
     )  # the exchange only with an expert axis
     if mesh_name.endswith("_rounds"):  # the rounds are a loop (forward, and the rematerialised backward)
-        assert "while" in hlo, mesh_name
+        one = jax.jit(_layer_fn(dataclasses.replace(c, moe_exchange_tokens=0))).lower(ps, xs, vs)
+        with jax.set_mesh(mesh):
+            one_hlo = one.compile().as_text()
+        assert hlo.count("while") > one_hlo.count("while"), mesh_name
+    _check_layer(got, want)
+
+
+def test_rounds_pad_a_token_count_that_does_not_split_evenly():
+    """7 tokens per device in rounds of at most 3: 3 rounds of 3, the last two slots padding (dropped)."""
+    cfg, p, x, valid = _layer_case(t=7)
+    want = jax.jit(_layer_fn(cfg))(p, x, valid)
+    mesh = sharding.make_mesh({"fsdp": 8})
+    c = dataclasses.replace(cfg, moe_dispatch="gmm", moe_exchange_tokens=3)
+    ps = {n: jax.device_put(v, sharding.named_sharding(mesh, moe.PARAM_AXES[n])) for n, v in p.items()}
+    xs, vs = sharding.put_batch((x, valid), mesh)
+    with jax.set_mesh(mesh):
+        got = jax.jit(_layer_fn(c))(ps, xs, vs)
     _check_layer(got, want)
 
 

@@ -31,6 +31,7 @@ def test_pytest_summary_lines_are_read_as_the_harness_reads_them():
         PASSED tests/test_a.py::test_p[1-2]
         \x1b[31mFAILED\x1b[0m tests/test_a.py::test_y - AssertionError: assert 1 == 2
         ERROR tests/test_b.py::test_z - ValueError
+        tests/test_b.py::test_v FAILED                                     [ 50%]
         XFAIL tests/test_a.py::test_w - reason
         SKIPPED [1] tests/test_a.py:9: no network
         ======================== 2 passed, 1 failed in 0.12s =========================
@@ -40,6 +41,7 @@ def test_pytest_summary_lines_are_read_as_the_harness_reads_them():
         "tests/test_a.py::test_p[1-2]": "passed",
         "tests/test_a.py::test_y": "failed",
         "tests/test_b.py::test_z": "failed",
+        "tests/test_b.py::test_v": "failed",  # a -v line: "id STATUS"
         "tests/test_a.py::test_w": "passed",  # an expected failure counts as a pass, as in the harness
         "[1]": "skipped",
     }
@@ -61,11 +63,12 @@ def test_django_and_sympy_logs():
         "test_old (utils_tests.test_text.TestUtilsText)": "passed",
         "test_err (utils_tests.test_text.TestUtilsText)": "failed",
     }
-    sympy = "test_one ok\ntest_two F\ntest_three E\n____ sympy/core/tests/test_basic.py:test_four ____\n"
+    sympy = "test_one ok\ntest_two F\ntest_three E\ntest_five f\n____ sympy/core/tests/test_basic.py:test_four ____\n"
     assert bench.parse_test_log(sympy, "sympy") == {
         "test_one": "passed",
         "test_two": "failed",
         "test_three": "failed",
+        "test_five": "failed",  # as the harness reads sympy's "f"
         "test_four": "failed",
     }
     with pytest.raises(ValueError, match="log_format"):
@@ -112,6 +115,11 @@ def test_task_records_are_checked(tmp_path):
         bench.load_instances(tmp_path / "none.jsonl")
     with pytest.raises(ValueError, match="backend must be one of"):
         bench.SWEBenchEnv(task_file=str(tmp_path / "none.jsonl"), backend="lxc")
+    # the system prompt names the repository of the backend before any reset (the pools read it from a fresh env)
+    path.write_text(json.dumps(good) + "\n")
+    assert (
+        '"path": "/testbed/..."' in bench.SWEBenchEnv(task_file=str(path), backend="podman").system_prompt()
+    )
 
 
 # -- the editor's file access: shell commands in the sandbox == the host's ---------------------------------------
@@ -154,6 +162,33 @@ def test_shell_file_access_in_the_sandbox_matches_the_host(tmp_path):
         assert (root / "pkg" / "new" / "b.py").stat().st_uid == box.uid
     with pytest.raises(ToolError, match="failed"):
         shell.read("/repo/pkg")
+    for files, key in ((shell, "/repo/pkg/a.py/x"), (host, root / "pkg" / "a.py" / "x")):
+        with pytest.raises(ToolError):  # a parent that is a file: the agent's mistake, not a crash
+            files.write(key, "x")
+    shell.write("/repo/pkg/s.py", "a\ud800b")  # a lone surrogate, as JSON allows
+    assert (root / "pkg" / "s.py").read_text() == "a?b"
+
+
+class _NoisyBox:
+    """A box whose runtime prints warnings of its own into the merged output (as podman's WARN lines do)."""
+
+    def __init__(self, box):
+        self.box = box
+
+    def run(self, command, limits=None, stdin=None):
+        return self.box.run(
+            f"echo 'WARN[0000] runtime' >&2; {command}; echo 'WARN[0001] done' >&2", limits, stdin
+        )
+
+
+@needs_bwrap
+def test_runtime_warnings_never_reach_a_files_text(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    shell = ShellFiles(_NoisyBox(Sandbox(str(tmp_path))), "/repo")
+    assert shell.read("/repo/a.py") == "x = 1\n"
+    assert shell.stat("a.py") == ("file", "/repo/a.py")
+    shell.write("/repo/a.py", "y = 2\n")
+    assert (tmp_path / "a.py").read_text() == "y = 2\n"
 
 
 # -- whole episodes on the bubblewrap backend -----------------------------------------------------------------
@@ -224,8 +259,13 @@ def env(task_file, tmp_path):
 def test_an_edit_through_the_editor_solves_the_task_and_test_edits_do_not_count(env):
     obs, info = env.reset(seed=0)
     assert "add(2, 3) returns -1" in obs and "/repo" in obs and info["task_id"] == "local__calc-1"
-    obs, *_ = env.step(call("execute_bash", command="git log --oneline | wc -l; ls"))
-    assert obs.split()[0] == "1" and "calc" in obs  # the base commit, not the later one
+    obs, *_ = env.step(
+        call("execute_bash", command="git log --all --oneline | wc -l; git for-each-ref | wc -l; ls")
+    )
+    assert obs.split()[:2] == ["1", "0"] and "calc" in obs  # the base commit only: no ref reaches a later one
+    later = _git(env.checkouts + "/local__calc", "rev-parse", "HEAD").strip()
+    obs, *_ = env.step(call("execute_bash", command=f"git cat-file -t {later}"))
+    assert "exit code" in obs  # the later commit's object is not in the copy
     obs, _, _, _, info = env.step(call("str_replace_editor", command="view", path="/repo/calc/__init__.py"))
     assert "return a - b" in obs and not info["invalid_action"]
     obs, *_ = env.step(
@@ -299,3 +339,7 @@ def test_untouched_or_wrong_fixes_are_not_solved_and_links_cannot_leave_the_repo
     assert info["invalid_action"] and "resolves outside the repository" in obs
     obs, _, _, _, info = env.step(call("str_replace_editor", command="view", path="/etc/passwd"))
     assert info["invalid_action"] and "outside the repository /repo" in obs
+    obs, _, _, _, info = env.step(
+        call("str_replace_editor", command="create", path="/repo/calc/__init__.py/x", file_text="1")
+    )
+    assert info["invalid_action"] and obs.startswith("str_replace_editor: /repo/calc/__init__.py/x")

@@ -55,6 +55,12 @@ ADDED_KEYS = {
     # runs before issue 30's sequence packing trained on one episode per row
     "actor.pack": False,
     "extractor.pack": False,
+    # runs before the MoE dispatch became a config key used the model's own (dropless) in one exchange round
+    # (an exchange only exists with "gmm"; the rounds change no number)
+    "actor.moe_dispatch": "",
+    "extractor.moe_dispatch": "",
+    "actor.moe_exchange_tokens": 4096,
+    "extractor.moe_exchange_tokens": 4096,
 }
 
 

@@ -266,18 +266,24 @@ def _gmm_expert_parallel(x2, ids2, gate, up, down, kernel: str, ep, num_shards: 
 
 
 def _gmm_exchange_rounds(x2, ids2, gate, up, down, kernel, ep, num_shards: int, max_tokens: int) -> jax.Array:
-    """:func:`_gmm_expert_parallel` over rounds of at most ``max_tokens`` of this device's ``N`` tokens (the
-    largest divisor of ``N`` not above it; 0 or ``N`` <= it: one round). Tokens are independent in the layer, so
-    the result is the one-round result; each round is rematerialised, so the backward holds one round's
-    ``P x k`` exchange rows at a time instead of all tokens' (ModelConfig.moe_exchange_tokens)."""
+    """:func:`_gmm_expert_parallel` over ``r = ceil(N / max_tokens)`` rounds of ``ceil(N / r)`` of this device's
+    ``N`` tokens (0 or ``N <= max_tokens``: one round). Tokens are independent in the layer, so the result is the
+    one-round result; each round is rematerialised, so the backward holds one round's ``P x k`` exchange rows at a
+    time instead of all tokens' (ModelConfig.moe_exchange_tokens). Balanced rounds pad fewer than ``r`` tokens
+    (zeros routed to experts 0..k-1, their outputs dropped)."""
     n, d = x2.shape
     k = ids2.shape[1]
     if not max_tokens or n <= max_tokens:
         return _gmm_expert_parallel(x2, ids2, gate, up, down, kernel, ep, num_shards)
-    c = max(i for i in range(1, max_tokens + 1) if n % i == 0)
+    r = -(-n // max_tokens)
+    c = -(-n // r)
+    pad = r * c - n
+    if pad:
+        x2 = jnp.concatenate([x2, jnp.zeros((pad, d), x2.dtype)])
+        ids2 = jnp.concatenate([ids2, jnp.broadcast_to(jnp.arange(k, dtype=ids2.dtype), (pad, k))])
     one = jax.checkpoint(lambda xc, ic: _gmm_expert_parallel(xc, ic, gate, up, down, kernel, ep, num_shards))
-    out = jax.lax.map(lambda a: one(*a), (x2.reshape(n // c, c, d), ids2.reshape(n // c, c, k)))
-    return out.reshape(n, k, d)
+    out = jax.lax.map(lambda a: one(*a), (x2.reshape(r, c, d), ids2.reshape(r, c, k)))
+    return out.reshape(r * c, k, d)[:n]
 
 
 def _mesh_axes(mesh, name: str) -> tuple[str, ...]:

@@ -126,8 +126,8 @@ class Continuous:
         constraint's start state in their automaton."""
         E, sa = len(specs), r.search_ask
         # Every (env id, may ask) constraint a row of this rollout can need, stacked into one automaton: all slots
-        # decode in one call, each row starting in its own constraint's block. The run's groups come first in a
-        # fixed order, so every play of the run builds the same automaton (Rollout.constraint_groups).
+        # decode in one call, each row starting in its own constraint's block. The union is over the run's groups
+        # too (sorted), so every play of the run builds the same automaton (Rollout.constraint_groups).
         need = {(s.task.env_id, flag) for s in specs for flag in (False, sa.enabled and s.can_ask)}
         groups = sorted(set(r.constraint_groups) | need)
         constraints = [r.constraint_for(g, a) if r.constraint_for else None for g, a in groups]

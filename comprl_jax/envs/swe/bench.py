@@ -36,6 +36,9 @@ the trainer's held-out evaluation then plays the records whose ``"split"`` is ``
     register("comprl/SWE-Bench-Verified-v0", "comprl_jax.envs.swe.bench:SWEBenchEnv", levels="split",
              train_split="train", eval_splits=("eval",), eval_sizes={"eval": N}, task_file="/data/verified.jsonl",
              backend="podman")
+
+and trains with ``--config.env.step_timeout_s=3600`` or so: a submit runs the tests in a fresh container (up to
+``EVAL_LIMITS.wall_s``) and a reset may pull an image; the default 60 s would fail those steps.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from comprl_jax.envs.swe.container import RUNTIMES, ContainerSandbox
-from comprl_jax.envs.swe.files import ShellFiles
-from comprl_jax.envs.swe.sandbox import Result, Sandbox, SandboxLimits
+from comprl_jax.envs.swe.container import REPO_DIR, RUNTIMES, ContainerSandbox
+from comprl_jax.envs.swe.files import ShellFiles, framed, unframe
+from comprl_jax.envs.swe.sandbox import MOUNT, Result, Sandbox, SandboxLimits
 from comprl_jax.envs.swe.tools import OBS_CHARS, ToolEnv
 
 BACKENDS = (*RUNTIMES, "bubblewrap")
@@ -140,14 +143,20 @@ def eval_script(task: dict) -> str:
 _PYTEST = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _PASSING = {"PASSED", "XFAIL"}  # the harness counts an expected failure as a pass
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PYTEST_VERBOSE = re.compile(
+    r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b"
+)  # pytest -v: "id STATUS [ n%]"
 _DJANGO = re.compile(r"^(.+?) \.\.\. (ok|skipped.*|FAIL|ERROR|expected failure|unexpected success)\s*$")
 _SYMPY_FAIL = re.compile(r"^_+ (?:.+\.py):(\S+) _+$")
 
 
 def parse_test_log(log: str, fmt: str) -> dict[str, str]:
     """``{test id: "passed" | "failed" | "skipped"}`` from a test run's log, the ids spelled as SWE-bench's
-    ``FAIL_TO_PASS`` lists spell them (the harness's parsers: pytest's ``-rA`` summary lines ``STATUS id``, Django's
-    ``id ... ok``, sympy's ``id ok`` / ``id F`` / ``id E``). A later line about a test overrides an earlier one."""
+    ``FAIL_TO_PASS`` lists spell them (the harness's parsers: pytest's ``-rA`` summary lines ``STATUS id`` and
+    ``-v`` lines ``id STATUS``, Django's ``id ... ok``, sympy's ``id ok`` / ``id F`` / ``id E``). A later line about
+    a test overrides an earlier one. Not reproduced: the harness's parsers for seaborn, sphinx and the
+    ``pytest_options`` repositories, and Django's results printed after a test's own output; give such tasks an
+    ``eval_script`` whose log these rules read."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {fmt!r}")
     out: dict[str, str] = {}
@@ -155,10 +164,14 @@ def parse_test_log(log: str, fmt: str) -> dict[str, str]:
         line = _ANSI.sub("", raw).rstrip()
         if fmt == "pytest":
             word = line.split(" ", 1)[0]
+            verbose = _PYTEST_VERBOSE.match(line)
             if word in _PYTEST:
                 parts = line.replace(" - ", " ").split()
                 if len(parts) > 1:
                     out[parts[1]] = _outcome(word in _PASSING, word == "SKIPPED")
+            elif verbose:
+                word = verbose.group(2)
+                out[verbose.group(1)] = _outcome(word in _PASSING, word == "SKIPPED")
         elif fmt == "django":
             m = _DJANGO.match(line)
             if m:
@@ -173,7 +186,7 @@ def parse_test_log(log: str, fmt: str) -> dict[str, str]:
             if m:
                 out[m.group(1)] = "failed"
             elif len(parts) == 2 and parts[0].startswith("test_") and parts[1] in ("ok", "F", "E", "f", "s"):
-                out[parts[0]] = _outcome(parts[1] in ("ok", "f"), parts[1] == "s")
+                out[parts[0]] = _outcome(parts[1] == "ok", parts[1] == "s")  # "f" fails, as in the harness
     return out
 
 
@@ -199,12 +212,20 @@ class CheckoutBox:
         self.dir = Path(tempfile.mkdtemp(prefix="comprl-swe-", dir=scratch))
         work = self.dir / "repo"
         try:
-            # --no-hardlinks: the clone is chowned to the sandbox's uid, which must not reach the checkout's objects
+            # Only the base commit and its history: a clone would keep the checkout's later commits (the fix)
+            # reachable through its remote refs and tags (git log --all). Fetched objects are copies, never links
+            # to the checkout's (the copy is chowned to the sandbox's uid).
             for argv in (
-                ["git", "clone", "-q", "--no-hardlinks", "--no-checkout", str(src), str(work)],
-                ["git", "-C", str(work), "checkout", "-q", "--detach", commit],
+                ["git", "init", "-q", str(work)],
+                ["git", "-C", str(work), "fetch", "-q", "--no-tags", str(src.resolve()), commit],
+                ["git", "-C", str(work), "checkout", "-q", "--detach", "FETCH_HEAD"],
             ):
-                subprocess.run(argv, check=True, capture_output=True, text=True, timeout=600)
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+                if r.returncode:
+                    raise RuntimeError(
+                        f"{' '.join(argv[:4])} ... failed for {str(src)!r} at {commit}: {r.stderr.strip()[-500:]}"
+                    )
+            (work / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
             self.sandbox = Sandbox(str(work), limits=limits, ro_paths=ro_paths)
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -256,6 +277,8 @@ class SWEBenchEnv(ToolEnv):
             scratch,
         )
         self.bash_limits, self.eval_limits = bash_limits, eval_limits
+        # known before the first reset: the pools read the system prompt (which names it) from a fresh env
+        self.repo_dir = MOUNT if backend == "bubblewrap" else REPO_DIR
         self.task: dict | None = None
         self.box = None
 
@@ -267,7 +290,11 @@ class SWEBenchEnv(ToolEnv):
         box = ContainerSandbox(
             task["instance_id"], runtime=self.backend, limits=limits, image=task.get("image")
         )
-        box.start()
+        try:
+            box.start()
+        except BaseException:
+            box.close()  # a container that started but did not answer is not left behind
+            raise
         return box
 
     def _close_box(self) -> None:
@@ -285,7 +312,7 @@ class SWEBenchEnv(ToolEnv):
             seed = int(self.np_random.integers(0, len(self.tasks)))
         self.task = self.tasks[int(seed) % len(self.tasks)]
         self.box = self.new_box(self.task, self.bash_limits)
-        self.repo_dir = self.box.repo_dir
+        assert self.box.repo_dir == self.repo_dir, (self.box.repo_dir, self.repo_dir)
         self.files = ShellFiles(self.box, self.repo_dir)
         self._history = {}
         goal = self.task["problem_statement"]
@@ -306,13 +333,14 @@ class SWEBenchEnv(ToolEnv):
         """The agent's changes against the base commit, new files included (what a submission is)."""
         base = shlex.quote(self.task["base_commit"])
         r = self.box.run(
-            f"git add -A && git diff --cached --binary --no-color --no-ext-diff {base}", PATCH_LIMITS
+            framed(f"git add -A && git diff --cached --binary --no-color --no-ext-diff {base}"), PATCH_LIMITS
         )
-        if not r.ok or r.truncated:
+        body = unframe(r)
+        if body is None or not r.ok or r.truncated:
             raise RuntimeError(
                 f"could not take the diff of {self.task['instance_id']}: {r.observation()[-500:]}"
             )
-        return r.output
+        return body
 
     def evaluate(self) -> tuple[float, str]:
         """Grades the submission in a fresh box: (reward, report)."""
@@ -336,9 +364,11 @@ class SWEBenchEnv(ToolEnv):
             box.close()
         outcomes = parse_test_log(run.output, task["log_format"])
         f2p, p2p = task["FAIL_TO_PASS"], task["PASS_TO_PASS"]
+        # the harness's rule: a test fails when its log says so or does not name it; a skipped one counts neither way
+        failing = lambda t: outcomes.get(t, "failed") == "failed"  # noqa: E731
         fixed = sum(outcomes.get(t) == "passed" for t in f2p)
-        broken = sum(outcomes.get(t) != "passed" for t in p2p)
-        solved = fixed == len(f2p) and broken == 0 and run.killed is None
+        broken = sum(failing(t) for t in p2p)
+        solved = not any(failing(t) for t in f2p) and broken == 0 and run.killed is None
         report = (
             f"Submitted {len(patch_files(patch))} changed file(s). Hidden tests: {fixed}/{len(f2p)} failing tests "
             f"fixed, {broken}/{len(p2p)} passing tests broken"

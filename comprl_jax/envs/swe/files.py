@@ -13,7 +13,9 @@ Paths: ``rel`` is a normalised path relative to the repository root (``""`` = th
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -29,6 +31,11 @@ class ToolError(ValueError):
 
 def decode(data: bytes | str) -> str:
     return data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+
+
+def encode(text: str) -> bytes:
+    """UTF-8; a lone surrogate (JSON allows ``"\\ud800"``) becomes ``?`` instead of failing the step."""
+    return text.encode("utf-8", errors="replace")
 
 
 class HostFiles:
@@ -55,8 +62,11 @@ class HostFiles:
 
     def write(self, key: Path, text: str) -> None:
         made = [p for p in reversed(key.parents) if self.root in p.parents and not p.exists()]
-        key.parent.mkdir(parents=True, exist_ok=True)
-        key.write_text(text)
+        try:
+            key.parent.mkdir(parents=True, exist_ok=True)
+            key.write_bytes(encode(text))
+        except OSError as e:  # a parent that is a file, a read-only path: the agent's mistake, not a crash
+            raise ToolError(f"cannot be written: {e.strerror}") from None
         if self.uid is not None:  # the sandbox's uid owns the copy: keep it so (new directories too)
             for p in (*made, key):
                 os.chown(p, self.uid, self.uid)
@@ -81,7 +91,29 @@ _STAT = (
     'then k=other; else k=missing; fi; printf \'%s\\n%s\' "$k" "$p"'
 )
 _TREE = r"find {path} -mindepth 1 -maxdepth {depth} \( -name '.*' -o -name __pycache__ \) -prune -o -printf '%y %P\n'"
-_LIMITS = SandboxLimits(wall_s=30, cpu_s=10, memory_mb=512, processes=16, output_bytes=READ_BYTES + 1)
+# base64 of a file is 4/3 of it; processes: without root RLIMIT_NPROC counts every process of our uid
+_LIMITS = SandboxLimits(
+    wall_s=30, cpu_s=10, memory_mb=512, processes=64, output_bytes=(READ_BYTES * 4) // 3 + 4096
+)
+_BEGIN, _END = "<<<COMPRL-OUT", "COMPRL-OUT>>>"
+_FRAME = re.compile(re.escape(_BEGIN) + r"([A-Za-z0-9+/=]*)" + re.escape(_END))
+
+
+def framed(command: str) -> str:
+    """``command`` with its stdout base64-encoded between two markers and its stderr after them: a box's output
+    merges stdout and stderr, and a container runtime may add warnings of its own, none of which may end up in a
+    file's text (:func:`unframe` takes the stdout back)."""
+    return (
+        f"e=$(mktemp) || exit 1; printf %s '{_BEGIN}'; ( {command} ) 2>\"$e\" | base64 -w0; "
+        f's=${{PIPESTATUS[0]}}; printf %s \'{_END}\'; cat "$e"; rm -f "$e"; exit $s'
+    )
+
+
+def unframe(result) -> str | None:
+    """The framed command's stdout (UTF-8, undecodable bytes replaced), or None when the frame is not there whole
+    (output cut at the limit, the shell killed)."""
+    m = _FRAME.search(result.output)
+    return None if m is None else decode(base64.b64decode(m.group(1)))
 
 
 class ShellFiles:
@@ -91,12 +123,14 @@ class ShellFiles:
         self.box, self.root, self.limits = box, root.rstrip("/") or "/", limits
 
     def _run(self, command: str, stdin: bytes | None = None) -> str:
-        r = self.box.run(command, self.limits, stdin=stdin)
-        if r.truncated:
+        r = self.box.run(framed(command), self.limits, stdin=stdin)
+        out = unframe(r)
+        if r.truncated or (out is None and r.ok):
             raise ToolError(f"is larger than {READ_BYTES >> 20} MiB; look at it with execute_bash")
-        if not r.ok:
-            raise ToolError(f"the file operation failed: {r.observation().strip()[-500:]}")
-        return r.output
+        if not r.ok or out is None:
+            err = r.output.split(_END, 1)[-1].strip() or r.observation().strip()
+            raise ToolError(f"the file operation failed: {err[-500:]}")
+        return out
 
     def stat(self, rel: str) -> tuple[str | None, str]:
         path = f"{self.root}/{rel}" if rel else self.root
@@ -109,11 +143,11 @@ class ShellFiles:
         return (None if kind == "missing" else kind), real
 
     def read(self, key: str) -> str:
-        return decode(self._run(f"cat -- {shlex.quote(key)}"))
+        return self._run(f"cat -- {shlex.quote(key)}")
 
     def write(self, key: str, text: str) -> None:
         q = shlex.quote(key)
-        self._run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', stdin=text.encode())
+        self._run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', stdin=encode(text))
 
     def tree(self, key: str, depth: int = 2) -> list[tuple[str, bool]]:
         out = self._run(_TREE.format(path=shlex.quote(key), depth=int(depth)))

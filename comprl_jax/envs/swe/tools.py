@@ -128,13 +128,13 @@ class ToolEnv(TextEnv):
                 raise ToolError("create needs a string 'file_text'")
             if kind is not None:
                 raise ToolError(f"{shown} exists already: edit it with str_replace or insert")
-            self.files.write(key, text)
+            self._put(key, shown, text)
             return f"Created {shown} ({len(text.splitlines())} lines)."
         if cmd == "undo_edit":
             hist = self._history.get(str(key))
             if not hist:
                 raise ToolError(f"no edit of {shown} to undo")
-            self.files.write(key, hist.pop())
+            self._put(key, shown, hist.pop())
             return f"Undid the last edit of {shown}."
         text = self._read(key, shown)
         if cmd == "str_replace":
@@ -145,7 +145,7 @@ class ToolEnv(TextEnv):
             if n != 1:
                 raise ToolError(f"old_str occurs {n} times in {shown}; it must occur exactly once")
             edited = text.replace(old, new, 1)
-            self._write(key, text, edited)
+            self._write(key, shown, text, edited)
             line = text[: text.index(old)].count("\n") + 1
             return f"Edited {shown} at line {line}.\n" + _snippet(edited, line, new.count("\n") + 1)
         # insert
@@ -159,7 +159,7 @@ class ToolEnv(TextEnv):
         if at and not lines[at - 1].endswith("\n"):
             lines[at - 1] += "\n"
         out = "".join(lines[:at]) + add + "".join(lines[at:])
-        self._write(key, text, out)
+        self._write(key, shown, text, out)
         return f"Inserted after line {at} of {shown}.\n" + _snippet(out, at + 1, add.count("\n"))
 
     def _read(self, key, shown: str) -> str:
@@ -168,9 +168,15 @@ class ToolEnv(TextEnv):
         except ToolError as e:
             raise ToolError(f"{shown} {e}") from None
 
-    def _write(self, key, before: str, after: str) -> None:
+    def _put(self, key, shown: str, text: str) -> None:
+        try:
+            self.files.write(key, text)
+        except ToolError as e:
+            raise ToolError(f"{shown} {e}") from None
+
+    def _write(self, key, shown: str, before: str, after: str) -> None:
+        self._put(key, shown, after)
         self._history.setdefault(str(key), []).append(before)
-        self.files.write(key, after)
 
     def system_prompt(self) -> str:
         repo = self.repo_dir
