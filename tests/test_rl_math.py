@@ -219,9 +219,10 @@ def test_an_older_runs_config_json_is_upgraded_to_the_loss_sub_dicts():
     # runs from before partial fine-tuning trained every layer; before issue 27 they computed in float32 and
     # sampled from the training layout; before issue 28's producer-consumer distillation they applied a step's
     # lessons within the step; before issue 30 they trained one episode per row (no packing), sampled on the dense
-    # KV cache, and "auto" attention picks what they ran
+    # KV cache, and "auto" attention picks what they ran; before the MoE dispatch keys they used the model's own
     f32 = {"trainable_layers": 0, "param_dtype": "float32", "dtype": "float32", "rollout_tensor": 0}
     f32 |= {"pack": False, "attention": "auto", "kv_cache": "dense"}
+    f32 |= {"moe_dispatch": "", "moe_exchange_tokens": 4096}
     assert new == {
         "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}, **f32},
         "extractor": {"loss": {"clip_eps": 0.2}, **f32, "distill_overlap": "update"},
