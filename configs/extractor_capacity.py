@@ -10,7 +10,9 @@ What runs now:
         --config.extractor.model=/models/Qwen3-30B-A3B-Instruct-2507
   Without a folder the model load fails with a message naming `extractor.model` and saying how to pass one.
   Memory plan (v5p-64, 8xH100/H200): WORKSPACE.md, "Mixture of experts"; `launch/plan_memory.py --paper=v5p-64
-  --study=capacity`.
+  --study=capacity`. On TPU add `--config.extractor.moe_dispatch=gmm` (the model's own "dropless" dispatch does not
+  lower there; gmm's expert exchange goes in rounds of `extractor.moe_exchange_tokens`, and the plan with
+  `--moe_dispatch=gmm` fits a v5p-64).
 * `:tiny` (this CPU): the actor is the tiny dense model, the extractor a random-init tiny MoE (`tiny_moe`: 2 layers,
   8 experts, top-2, the same 128 active MLP units per token) over the run's own SentencePiece vocabulary, so the
   extractor's distillation sampling and its CISPO update run through the MoE layer:
