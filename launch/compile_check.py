@@ -302,7 +302,7 @@ def role_mesh(c, name: str, spec: str, devices):
 
 
 def build_role(c, args, name: str, devices) -> RoleSetup:
-    from comprl_jax.models.config import named_config
+    from comprl_jax.models.config import MOE_EXCHANGE_TOKENS, named_config
     from comprl_jax.models.decoder import abstract_decoder
 
     section = c[name]
@@ -312,7 +312,7 @@ def build_role(c, args, name: str, devices) -> RoleSetup:
     try:
         dispatch = args.moe_dispatch or section.get("moe_dispatch") or ""
         extra = {"moe_dispatch": dispatch} if dispatch else {}
-        extra["moe_exchange_tokens"] = section.get("moe_exchange_tokens", 4096)
+        extra["moe_exchange_tokens"] = section.get("moe_exchange_tokens", MOE_EXCHANGE_TOKENS)
         extra["attention"] = args.attention or section.get("attention") or "auto"
         cfg = named_config(model_spec(spec), dtype=dtype, param_dtype=param_dtype, **extra)
     except FileNotFoundError as e:

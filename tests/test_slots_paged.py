@@ -16,11 +16,10 @@ V = 300
 PAGE = 16
 
 
-@pytest.fixture(scope="module")
-def services():
-    from comprl_jax.models import ModelConfig, init_decoder
+def _cfg():
+    from comprl_jax.models import ModelConfig
 
-    cfg = ModelConfig.tiny(
+    return ModelConfig.tiny(
         "qwen3",
         vocab_size=V,
         num_layers=2,
@@ -30,6 +29,13 @@ def services():
         num_kv_heads=2,
         head_dim=16,
     )
+
+
+@pytest.fixture(scope="module")
+def services():
+    from comprl_jax.models import init_decoder
+
+    cfg = _cfg()
     graphdef, params = init_decoder(cfg, seed=0)
     kw = dict(stop_token_ids=(3,), pad_id=0)
     return (
@@ -196,20 +202,11 @@ def test_page_table_moves():
 def test_paged_slots_on_a_decode_mesh_equal_one_device_dense(tensor):
     """The paged slot engine with the sampler's weights on its decode mesh of 8 fake devices (data 8, or data 4 x
     tensor 2; sampling/layout.py) samples the scripted run's tokens of the dense engine on one device."""
-    from comprl_jax.models import ModelConfig, decoder
+    from comprl_jax.models import decoder
     from comprl_jax.runtime import sharding as shd
     from comprl_jax.sampling.layout import rollout_layout
 
-    cfg = ModelConfig.tiny(
-        "qwen3",
-        vocab_size=V,
-        num_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-    )
+    cfg = _cfg()
     mesh = shd.make_mesh({"fsdp": 8})
     graphdef, params = decoder.init_decoder(cfg, seed=0, mesh=mesh)
     kw = dict(stop_token_ids=(3,), pad_id=0)

@@ -20,6 +20,7 @@ ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
 # under a mesh with an expert axis an all-to-all token exchange in ``shard_map``; "gmm_interpret" is "gmm" with the
 # Pallas kernel in interpret mode on any platform (CPU tests of the TPU kernel).
 MOE_DISPATCH = ("dropless", "capacity", "gmm", "gmm_interpret")
+MOE_EXCHANGE_TOKENS = 4096  # default rounds of the gmm exchange (ModelConfig.moe_exchange_tokens)
 # RoPE scaling types implemented in ``layers.rope_inv_freq`` ("default" = none).
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -176,7 +177,7 @@ class ModelConfig:
     router_aux_loss_coef: float = 0.0
     moe_dispatch: str = "dropless"
     capacity_factor: float = 1.25
-    moe_exchange_tokens: int = 4096
+    moe_exchange_tokens: int = MOE_EXCHANGE_TOKENS
     attention: str = "auto"
 
     def __post_init__(self):

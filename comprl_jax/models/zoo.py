@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from comprl_jax.models.config import ModelConfig
+from comprl_jax.models.config import MOE_EXCHANGE_TOKENS, ModelConfig
 from comprl_jax.models.decoder import init_decoder
 from comprl_jax.tokenizer import Tokenizer
 
@@ -117,7 +117,7 @@ def load_model(
     dtype: str = "float32",
     attention: str = "auto",
     moe_dispatch: str = "",
-    moe_exchange_tokens: int = 4096,
+    moe_exchange_tokens: int = MOE_EXCHANGE_TOKENS,
 ) -> LoadedModel:
     """Builds one model by spec (see module docstring). ``tokenizer`` is required for the :data:`TINY_SPECS`
     (ignored otherwise: real models bring their own). ``param_dtype`` / ``dtype``: master weights and compute

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from comprl_jax.experience.buffer import BufferConfig
-from comprl_jax.models.config import ATTENTION, MOE_DISPATCH
+from comprl_jax.models.config import ATTENTION, MOE_DISPATCH, MOE_EXCHANGE_TOKENS
 from comprl_jax.rl.advantages import ADV_NORMS
 from comprl_jax.rl.losses import ActorLossConfig, ExtractorLossConfig
 from comprl_jax.rl.train_state import OptimConfig
@@ -46,7 +46,7 @@ class RoleConfig:
     pack: bool = True  # sequence packing of the update batches (roles.packing)
     attention: str = "auto"
     moe_dispatch: str = ""  # "" = the model's own (models.config.MOE_DISPATCH)
-    moe_exchange_tokens: int = 4096
+    moe_exchange_tokens: int = MOE_EXCHANGE_TOKENS
 
     def __post_init__(self):
         check(self.lr > 0, "lr", "must be positive", self.lr)

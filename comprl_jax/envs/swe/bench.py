@@ -9,8 +9,8 @@ shell commands (``files.ShellFiles``). Backends (``backend=``):
 * ``"docker"`` / ``"podman"``: the task's official SWE-bench image (container.py), repository at ``/testbed``.
   **Untested here**: this machine pulls no image. Its commands are unit-tested (tests/test_swe_container.py), and
   every command it runs through them is the one the bubblewrap backend runs in tests/test_swe_bench.py.
-* ``"bubblewrap"``: a fresh clone of a local checkout (``checkouts/<owner>__<name>``) at the task's
-  ``base_commit``, in the sandbox of sandbox.py (repository at ``/repo``); ``ro_paths`` mounts an interpreter
+* ``"bubblewrap"``: the task's ``base_commit`` (and its history, nothing later) fetched from a local checkout
+  (``checkouts/<owner>__<name>``) into a fresh repository, in the sandbox of sandbox.py (repository at ``/repo``); ``ro_paths`` mounts an interpreter
   environment holding the project's dependencies. Tested end to end here on a hand-built repository.
 
 Task records (JSONL, one per line): SWE-bench's fields, as in ``princeton-nlp/SWE-bench_Verified``:
@@ -143,9 +143,7 @@ def eval_script(task: dict) -> str:
 _PYTEST = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _PASSING = {"PASSED", "XFAIL"}  # the harness counts an expected failure as a pass
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_PYTEST_VERBOSE = re.compile(
-    r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b"
-)  # pytest -v: "id STATUS [ n%]"
+_PYTEST_VERBOSE = re.compile(rf"^(\S+::\S+) ({'|'.join(_PYTEST)})\b")  # pytest -v: "id STATUS [ n%]"
 _DJANGO = re.compile(r"^(.+?) \.\.\. (ok|skipped.*|FAIL|ERROR|expected failure|unexpected success)\s*$")
 _SYMPY_FAIL = re.compile(r"^_+ (?:.+\.py):(\S+) _+$")
 
@@ -195,8 +193,8 @@ def _outcome(passed: bool, skipped: bool = False) -> str:
 
 
 class CheckoutBox:
-    """The bubblewrap backend's box: a fresh clone of ``checkout`` at ``commit`` in a temporary directory (under
-    ``scratch``), run through :class:`sandbox.Sandbox`. ``close()`` removes the clone."""
+    """The bubblewrap backend's box: ``commit`` of ``checkout`` fetched into a fresh repository in a temporary
+    directory (under ``scratch``), run through :class:`sandbox.Sandbox`. ``close()`` removes it."""
 
     def __init__(
         self,
@@ -270,12 +268,8 @@ class SWEBenchEnv(ToolEnv):
             self.tasks = [t for t in self.tasks if t.get("split") == split]
             if not self.tasks:
                 raise ValueError(f'no task of {task_file!r} has "split": {split!r}')
-        self.backend, self.checkouts, self.ro_paths, self.scratch = (
-            backend,
-            checkouts,
-            tuple(ro_paths),
-            scratch,
-        )
+        self.backend, self.checkouts, self.scratch = backend, checkouts, scratch
+        self.ro_paths = tuple(ro_paths)
         self.bash_limits, self.eval_limits = bash_limits, eval_limits
         # known before the first reset: the pools read the system prompt (which names it) from a fresh env
         self.repo_dir = MOUNT if backend == "bubblewrap" else REPO_DIR
@@ -313,18 +307,10 @@ class SWEBenchEnv(ToolEnv):
         self.task = self.tasks[int(seed) % len(self.tasks)]
         self.box = self.new_box(self.task, self.bash_limits)
         assert self.box.repo_dir == self.repo_dir, (self.box.repo_dir, self.repo_dir)
-        self.files = ShellFiles(self.box, self.repo_dir)
-        self._history = {}
         goal = self.task["problem_statement"]
         obs = f"Repository: {self.task['repo']}, checked out at {self.repo_dir}.\n\n{goal}"
-        info = {
-            "task_id": self.task["instance_id"],
-            "goal": goal,
-            "query": f"{self.task['repo']}: {goal[:1500]}",
-            "project": self.task["repo"],
-            "seed": int(seed),
-        }
-        return obs, info
+        files = ShellFiles(self.box, self.repo_dir)
+        return obs, self._start_episode(files, self.task["instance_id"], self.task["repo"], goal, seed)
 
     def _bash(self, command: str) -> Result:
         return self.box.run(command, self.bash_limits)

@@ -132,21 +132,13 @@ class SWELiteEnv(ToolEnv):
         self._bugged_copy(self.task, self.work, with_tests=False)
         self._runner = tasks_lib.runner_env()
         self.sandbox = Sandbox(str(self.work), limits=self.bash_limits, ro_paths=(str(self._runner),))
-        self.files = HostFiles(self.work, uid=self.sandbox.uid if self.sandbox.root else None)
-        self._history = {}
+        files = HostFiles(self.work, uid=self.sandbox.uid if self.sandbox.root else None)
         goal = self.task["problem_statement"]
         obs = (
             f"Repository: {self.task['project']} {self.task['version']}, checked out at {MOUNT}.\n\n{goal}\n\n"
             f"Run Python as {self._runner}/bin/python (pytest is installed there)."
         )
-        info = {
-            "task_id": self.task["instance_id"],
-            "goal": goal,
-            "query": f"{self.task['project']}: {goal[:1500]}",
-            "project": self.task["project"],
-            "seed": int(seed),
-        }
-        return obs, info
+        return obs, self._start_episode(files, self.task["instance_id"], self.task["project"], goal, seed)
 
     def _bash(self, command: str):
         return self.sandbox.run(command)

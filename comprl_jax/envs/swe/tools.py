@@ -22,6 +22,7 @@ A turn that is not a valid tool call is an invalid action (the observation says 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -36,7 +37,8 @@ EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 
 
 class ToolEnv(TextEnv):
-    """Subclasses set ``self.files`` (HostFiles / ShellFiles) and ``self.repo_dir`` in ``_reset``."""
+    """Subclasses set ``self.repo_dir`` (before the first reset: the system prompt names it) and start each episode
+    with :meth:`_start_episode` (its files, HostFiles / ShellFiles)."""
 
     repo_dir = "/repo"
     files: Any = None
@@ -51,6 +53,17 @@ class ToolEnv(TextEnv):
 
     def evaluate(self) -> tuple[float, str]:
         raise NotImplementedError
+
+    def _start_episode(self, files, task_id: str, project: str, goal: str, seed: int) -> dict[str, Any]:
+        """Starts an episode on ``files`` (no edit to undo yet); returns its info dict."""
+        self.files, self._history = files, {}
+        return {
+            "task_id": task_id,
+            "goal": goal,
+            "query": f"{project}: {goal[:1500]}",
+            "project": project,
+            "seed": int(seed),
+        }
 
     # -- tools ---------------------------------------------------------------------------------------
     def _step(self, action: str | None) -> tuple[str, float, bool, dict[str, Any]]:
@@ -88,10 +101,8 @@ class ToolEnv(TextEnv):
             raise ToolError(f"{norm} is outside the repository {repo}")
         rel = os.path.relpath(norm, repo)
         rel = "" if rel == "." else rel
-        try:
+        with _naming(norm):
             kind, key = self.files.stat(rel)
-        except ToolError as e:
-            raise ToolError(f"{norm} {e}") from None
         return kind, key, norm
 
     def _editor(self, args: dict) -> str:
@@ -163,16 +174,12 @@ class ToolEnv(TextEnv):
         return f"Inserted after line {at} of {shown}.\n" + _snippet(out, at + 1, add.count("\n"))
 
     def _read(self, key, shown: str) -> str:
-        try:
+        with _naming(shown):
             return self.files.read(key)
-        except ToolError as e:
-            raise ToolError(f"{shown} {e}") from None
 
     def _put(self, key, shown: str, text: str) -> None:
-        try:
+        with _naming(shown):
             self.files.write(key, text)
-        except ToolError as e:
-            raise ToolError(f"{shown} {e}") from None
 
     def _write(self, key, shown: str, before: str, after: str) -> None:
         self._put(key, shown, after)
@@ -193,6 +200,15 @@ class ToolEnv(TextEnv):
             '- {"name": "submit", "arguments": {}}: submit your fix; hidden tests decide the reward.\n'
             'Example: <answer>{"name": "execute_bash", "arguments": {"command": "ls"}}</answer>'
         )
+
+
+@contextlib.contextmanager
+def _naming(shown: str):
+    """A file access's ToolError ("does not exist", ...) names the agent's path first."""
+    try:
+        yield
+    except ToolError as e:
+        raise ToolError(f"{shown} {e}") from None
 
 
 def parse_call(action: str | None) -> tuple[tuple[str, dict] | None, str | None]:
