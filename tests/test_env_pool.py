@@ -28,7 +28,8 @@ class FlakyEnv(TextEnv):
     Fault injection for the process backend: episodes seeded in ``exit_seeds`` end their worker process
     (``os._exit(3)``) on reset (``exit_on="reset"``) or on their first step; the third step of episodes seeded in
     ``slow_seeds`` takes ``slow_s`` (time to kill the worker under it); ``pid_in_obs`` makes observations differ
-    between processes (an env that is not deterministic in seed + actions)."""
+    between processes (an env that is not deterministic in seed + actions); ``close_dir`` gets a file
+    ``closed-<seed>`` when the env is closed."""
 
     def __init__(
         self,
@@ -41,11 +42,13 @@ class FlakyEnv(TextEnv):
         slow_seeds: tuple = (),
         slow_s: float = 0.0,
         pid_in_obs: bool = False,
+        close_dir: str | None = None,
     ):
         super().__init__(max_turns)
         self.p_raise, self.hang_seeds, self.hang_s = p_raise, set(hang_seeds), hang_s
         self.exit_seeds, self.exit_on = set(exit_seeds), exit_on
         self.slow_seeds, self.slow_s, self.pid_in_obs = set(slow_seeds), slow_s, pid_in_obs
+        self.close_dir = close_dir
         self.rng = random.Random(0)
         self.seed = None
 
@@ -72,6 +75,12 @@ class FlakyEnv(TextEnv):
 
     def system_prompt(self):
         return "walk"
+
+    def close(self):
+        if self.close_dir is not None:  # leaves a mark per closed episode (what an SWE env's container needs)
+            with open(os.path.join(self.close_dir, f"closed-{self.seed}"), "w") as f:
+                f.write(str(os.getpid()))
+        super().close()
 
 
 def run_episodes(pool: EnvPool, num_episodes: int) -> list[dict]:
@@ -193,6 +202,32 @@ def test_requests_held_by_a_killed_worker_process_are_retried_or_replayed():
         for slot in (0, 1, 2):
             obs, reward, terminated, truncated, info = pool.submit_step(slot, GO).result()
             assert (obs, reward, terminated, info["success"]) == ("pos 4", 1.0, True, True)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_an_env_whose_step_timed_out_is_closed(backend, tmp_path):
+    """A timed-out step leaves the hung env behind; it must still be closed (an SWE env holds a container): by the
+    abandoned thread once the call returns, or by the worker process's SIGTERM handler before it is replaced."""
+    hang_s = (
+        1.5 if backend == "thread" else 600.0
+    )  # the thread backend waits for the call; a process is killed
+    kwargs = {"p_raise": 0.0, "hang_seeds": [5], "hang_s": hang_s, "close_dir": str(tmp_path)}
+    with EnvPool(
+        FLAKY, num_slots=2, num_workers=1, backend=backend, env_kwargs=kwargs, timeout_s=0.3
+    ) as pool:
+        pool.submit_reset(0, 5).result()
+        pool.submit_reset(1, 6).result()
+        result = pool.submit_step(0, "<answer>go</answer>").result()
+        assert "timed out" in result[-1]["error"]
+        assert pool.submit_step(1, "<answer>go</answer>").result()[1] == 0.0  # the other slot plays on
+        deadline = time.monotonic() + 10.0
+        while not (tmp_path / "closed-5").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "closed-5").exists(), "the hung env was never closed"
+        assert (
+            not (tmp_path / "closed-6").exists() or backend == "process"
+        )  # a process takes its other envs along
+    assert (tmp_path / "closed-6").exists()  # closed with the pool
 
 
 def test_failures_name_the_slot_the_env_and_the_cause():

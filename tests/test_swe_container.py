@@ -26,7 +26,7 @@ def test_start_exec_and_stop_commands_carry_the_sandbox_caps():
         "--memory", "2048m", "--memory-swap", "2048m", "--pids-limit", "128", "--cpus", "1",
         "--ulimit", f"fsize={64 << 20}", "--ulimit", "nofile=512:512",
         "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--tmpfs", "/tmp:rw,size=32m",
-        "--workdir", "/testbed", "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest", "sleep", "infinity",
+        "--workdir", "/testbed", "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest", "sleep", "21600",
     ]  # fmt: skip
     assert box.exec_argv("git diff") == [
         "podman", "exec", "--workdir", "/testbed", "--env", "PYTHONDONTWRITEBYTECODE=1", "comprl-swe-x",

@@ -15,8 +15,9 @@ on worker ``s % num_workers``, which owns that slot's env instance and runs its 
   infos hold plain str / int / float / bool / list / dict whatever the backend.
 * Faults: an env that raises ends its episode as a failure (``terminated=True``, ``info["error"]`` and
   ``info["failed"]`` set) and is rebuilt on the next reset; a call that runs past ``timeout_s`` ends the same
-  way. A hung thread is abandoned (daemon) and a fresh worker thread takes over the worker's other slots; a hung
-  process is terminated and respawned. Every ``info["error"]`` names the request, the slot, the env id and the
+  way. A hung thread is abandoned (daemon) and a fresh worker thread takes over the worker's other slots; the
+  abandoned thread closes the hung env if its call ever returns. A hung process is terminated and respawned; its
+  SIGTERM handler closes every env it held (containers, scratch clones) before it exits. Every ``info["error"]`` names the request, the slot, the env id and the
   cause (the exception with its message and where it was raised, the timeout, or how the worker process ended).
 * Worker recovery (process backend): the parent keeps, per slot, the episode's reset seed and the replies stepped
   since, with a digest of the last observation. When a worker process dies or is replaced, the requests it held
@@ -92,9 +93,14 @@ class _ThreadWorker:
                 self._current, envs = req, self.envs
             result = execute(envs, self.entry_point, self.kwargs, req.op, req.slot, req.arg, self.env_id)
             with self._lock:
-                if gen != self._gen:  # the watchdog already failed this request and replaced us
-                    return
-                self._current = None
+                abandoned = gen != self._gen  # the watchdog already failed this request and replaced us
+                if not abandoned:
+                    self._current = None
+            if (
+                abandoned
+            ):  # the env we were left with is no longer the pool's: close it (an SWE env's container)
+                drop_env(envs, req.slot)
+                return
             if result[-1].get("failed"):
                 self.stats.add("errors")
             resolve(req, result)
@@ -121,9 +127,9 @@ class _ThreadWorker:
         self.queue.put(SENTINEL)
         self._threads[-1].join(wait_s)  # abandoned (hung) threads are daemons: not waited for
         with self._lock:
-            busy = self._current is not None
-        if not busy:  # never close an env a stuck thread may still be inside
-            for slot in list(self.envs):
+            busy = self._current.slot if self._current is not None else None
+        for slot in list(self.envs):
+            if slot != busy:  # never close an env a stuck thread is still inside
                 drop_env(self.envs, slot)
 
 

@@ -28,28 +28,39 @@ from comprl_jax.envs.pool_calls import (
 def _child_main(conn, env_id: str, entry_point: str, kwargs_json: str) -> None:
     """Worker process: JSON requests in, JSON results out, until 'close' or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which shuts us down cleanly
+    # The parent terminates a child whose request hung: leave through the ``finally`` below, so that every env
+    # is closed (an SWE env's container or scratch clone would otherwise outlive us). A hang the interpreter
+    # cannot interrupt ends with the parent's SIGKILL instead.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     kwargs = json.loads(kwargs_json)
     envs: dict[int, Any] = {}
     try:
         conn.send_bytes(b'{"ready": true}')
     except OSError:  # BrokenPipeError: the parent stopped before we were up (e.g. on a missing data file)
         return
-    while True:
-        try:
-            msg = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            break
-        if msg["op"] == "close":
-            break
-        result = execute(
-            envs, entry_point, kwargs, msg["op"], msg["slot"], msg.get("arg"), env_id, msg.get("replay")
-        )
-        try:
-            conn.send_bytes(json.dumps(result).encode())
-        except (BrokenPipeError, OSError):
-            break
-    for slot in list(envs):
-        drop_env(envs, slot)
+    try:
+        while True:
+            try:
+                msg = json.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            if msg["op"] == "close":
+                break
+            result = execute(
+                envs, entry_point, kwargs, msg["op"], msg["slot"], msg.get("arg"), env_id, msg.get("replay")
+            )
+            try:
+                conn.send_bytes(json.dumps(result).encode())
+            except (BrokenPipeError, OSError):
+                break
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the closing short
+        for slot in list(envs):
+            drop_env(envs, slot)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 class _Episode:

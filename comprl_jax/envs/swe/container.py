@@ -11,9 +11,11 @@ network, capped CPU, memory and processes; :meth:`run` is ``<runtime> exec`` of 
     box = ContainerSandbox("django__django-11099", runtime="podman")
     box.start(); r = box.run("git status"); box.close()
 
-Grading SWE-Bench Verified follows the harness: apply the submitted diff in a fresh container, run the instance's
-test command, read FAIL_TO_PASS / PASS_TO_PASS from its log (the harness's own parser per repository); that part
-needs the dataset's per-instance test commands and is not reproduced here.
+Grading (``bench.SWEBenchEnv.submit``) follows the harness: the submitted diff is applied in a fresh container,
+the record's eval script or test command runs, and FAIL_TO_PASS / PASS_TO_PASS are read from its log.
+
+The container's main process is ``sleep LIFETIME_S`` under ``--rm``: a container whose owner died without
+closing it (a worker process killed with SIGKILL) removes itself after at most that long.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from comprl_jax.envs.swe.sandbox import Result, SandboxLimits, run_capped
 
 RUNTIMES = ("docker", "podman")
 REPO_DIR = "/testbed"  # where SWE-bench images hold the repository
+LIFETIME_S = 6 * 3600  # far above any episode (30 turns of commands capped at minutes each, then one grading)
 
 
 def image_for(instance_id: str, namespace: str = "swebench", arch: str = "x86_64") -> str:
@@ -44,6 +47,7 @@ class ContainerSandbox:
     limits: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
     image: str | None = None  # default: image_for(instance_id)
     name: str = dataclasses.field(default_factory=lambda: f"comprl-swe-{uuid.uuid4().hex[:12]}")
+    lifetime_s: int = LIFETIME_S  # the container removes itself after this long, closed or not
 
     def __post_init__(self):
         if self.runtime not in RUNTIMES:
@@ -51,7 +55,7 @@ class ContainerSandbox:
         self.image = self.image or image_for(self.instance_id)
 
     def start_argv(self) -> list[str]:
-        """Starts the episode's container, idle, with no network and the sandbox's caps."""
+        """Starts the episode's container, idle for at most ``lifetime_s``, with no network and the sandbox's caps."""
         lim = self.limits
         return [
             self.runtime, "run", "--detach", "--rm", "--name", self.name,
@@ -64,7 +68,7 @@ class ContainerSandbox:
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--tmpfs", f"/tmp:rw,size={lim.tmp_mb}m",
             "--workdir", REPO_DIR,
-            self.image, "sleep", "infinity",
+            self.image, "sleep", str(int(self.lifetime_s)),
         ]  # fmt: skip
 
     @property
