@@ -276,6 +276,27 @@ def test_paged_kv_cache_plays_the_same_episodes(trainer):
     assert timing["parked"] > 0
 
 
+def test_a_play_whose_every_reset_failed_ends_in_both_engines(trainer):
+    """Every env failed on reset (an infra fault): no episode is live, so both engines return the failed episodes
+    untouched (the continuous one used to try to shrink its batch to no slot and raise IndexError)."""
+    from comprl_jax.rollout.continuous import Continuous
+    from comprl_jax.rollout.engine import Rollout
+    from comprl_jax.rollout.lockstep import Lockstep
+
+    specs = trainer.episode_specs(trainer.tasks.next(), guided=False)
+    resets = [("", {"failed": True, "error": "reset of slot 0 failed: boom"})] * len(specs)
+    sp = SamplingParams(max_new_tokens=trainer.actor_sampling.max_new_tokens, temperature=1.0)
+    r = Rollout(
+        trainer.pools, trainer.actor.sampler, trainer.actor.model.tokenizer, sp, max_turns=4, max_len=2048
+    )
+    key = jax.random.key(1)
+    lock, _ = Lockstep().play(r, specs, resets, key)
+    cont, timing = Continuous(slots=3, chunk_steps=8).play(r, specs, resets, key)
+    _same(lock, cont)
+    assert len(cont) == len(specs) and not any(t.success or t.turns or sum(t.loss_mask) for t in cont)
+    assert timing["generated"] == timing["decode_steps"] == 0
+
+
 @pytest.mark.parametrize("slots,greedy,env_lag", [(3, True, 1), (3, False, 2), (0, False, 1)])
 def test_continuous_rollout_equals_lockstep(trainer, slots, greedy, env_lag):
     """MiniHack, constrained actions, 8 episodes on 3 slots (episodes wait for slots, idle ones are parked and

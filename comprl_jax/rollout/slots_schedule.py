@@ -122,7 +122,13 @@ class _Scheduler:
     def _compact_tail(self) -> None:
         """The tail: every episode has started, none is parked and half the slots are empty: a smaller batch (the
         engine renumbers the occupied slots; ``moved``: old slot -> new slot)."""
-        if self.waiting or self.park_row or 2 * len(self.occupant) > self.engine.B or self.engine.B <= 1:
+        if (
+            not self.occupant  # nothing to keep (a play whose every reset failed): nothing to shrink to
+            or self.waiting
+            or self.park_row
+            or 2 * len(self.occupant) > self.engine.B
+            or self.engine.B <= 1
+        ):
             return
         moved = self.engine.compact(sorted(self.occupant))
         self.occupant = {moved[s]: b for s, b in self.occupant.items()}

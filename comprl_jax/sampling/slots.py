@@ -726,7 +726,9 @@ class SlotBatch:
           ``{old slot: new slot}`` (identity when nothing shrinks).
         """
         keep = sorted(int(b) for b in keep)
-        newB = self.svc.batch_bucket(max(len(keep), 1))
+        if not keep:
+            raise ValueError("SlotBatch.compact needs at least one slot to keep (keep=[])")
+        newB = self.svc.batch_bucket(len(keep))
         if newB >= self.B:
             return {b: b for b in keep}
         idx = np.asarray(keep + [keep[0]] * (newB - len(keep)), np.int32)
