@@ -21,7 +21,7 @@ import pytest
 from trainer_helpers import REPO
 
 SEED = 2
-STEPS = 10
+STEPS = 8  # 10 steps gave T=0.5 success 0.03 -> 0.84 for this seed (WORKSPACE); 8 keep z far above 4
 SHARP_T = 0.5
 EVAL_TASKS = 8  # x group_size / 2 = 8 episodes each -> 64 episodes
 

@@ -92,11 +92,14 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
 
     # Offline Exp. with the released code's distill_from="guided": the build's free rollouts are still distilled.
     over = {"extractor.distill_from": "guided"} if "offline" in variant else {}
-    # The suite's longest smokes, at 24 episodes a step (6 envs x 1 task, 3 x 2; x K = 4) and 2 eval tasks: enough
-    # for the capacity study's MoE extractor to fill its 8-sample buffer and update.
+    # The suite's longest smokes: multitask6 at one task per env and step, 2 eval tasks. The capacity study
+    # differs from multitask3 only in its MoE extractor, which no env touches: it plays one MiniHack env here
+    # (multitask6 plays the mixture), 2 tasks a step, enough for the extractor's buffer to fill and update.
     lighter = {"multitask6": 1, "extractor_capacity": 2}
     if name in lighter:
         over.update({"rollout.tasks_per_step": lighter[name], "train.eval_tasks": 2})
+    if name == "extractor_capacity":
+        over["env.tasks"] = ("comprl/MiniHack-Room-5x5-v0",)
     c = load_config(name, variant, **over)
     out = run_lib.run(c, str(tmp_path), progress=False)
     assert out["step"] == 2
@@ -111,6 +114,8 @@ def test_smoke_two_steps(name, variant, tmp_path, compile_cache):
         assert not any(k.startswith("actor/") for k in rows[-1])
     if c.method in ("static_online", "offline", "baseline"):
         assert not any(k.startswith("extractor/") for k in rows[-1])
+    if name == "extractor_capacity":  # the MoE extractor's CISPO update ran
+        assert any(k.startswith("extractor/") for k in rows[-1]) and c.extractor.model == "tiny_moe"
     if c.method in ("static_online", "offline"):  # a frozen extractor records no training samples
         assert all(r["bank/extractor_buffer"] == 0 for r in rows)
     if c.method == "offline":  # the bank was built (and merged) before step 0, outside the step budget
