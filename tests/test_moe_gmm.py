@@ -219,35 +219,14 @@ def test_decoder_matches_dropless():
 
 _TPU_SCRIPT = textwrap.dedent(
     """
-    import dataclasses, json, re, time
-    import jax, jax.numpy as jnp, numpy as np
+    import json, re, time
     from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    from comprl_jax.models import ModelConfig
-    from comprl_jax.models import decoder as D
-    from comprl_jax.runtime import sharding
+    from launch.bench.moe_exchange import compile_tiny_moe
 
     devs = list(topologies.get_topology_desc("v5p:2x2x1", platform="tpu").devices)
-    mesh = sharding.make_mesh({"fsdp": 2, "tensor": 2}, devices=devs)  # expert axis (fsdp) of 2, width over tensor
-    # widths of 128 (the kernel's tiles): hidden 128, expert width 256 (128 per tensor shard)
-    cfg = ModelConfig.tiny("qwen3_moe", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32,
-                           moe_intermediate_size=256, intermediate_size=256, moe_dispatch="gmm", dtype="bfloat16")
-    gd, abs_params = D.abstract_decoder(cfg)
-    shardings = sharding.state_shardings(abs_params, mesh)
-    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_params, shardings)
-    b, t = 8, 256
-    row = NamedSharding(mesh, sharding.logical_to_spec(("batch",), mesh=mesh))
-    tokens = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=row)
-    mask = jax.ShapeDtypeStruct((b, t), jnp.bool_, sharding=row)
-
-    def loss(params, tokens, mask):
-        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        logits = D.forward(gd, params, tokens, positions, mask)
-        return jnp.sum(jnp.where(mask[..., None], logits.astype(jnp.float32), 0.0))
-
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh):
-        compiled = jax.jit(jax.value_and_grad(loss)).lower(params, tokens, mask).compile()
+    # expert axis (fsdp) of 2, width over tensor; expert width 256 (the kernel's tiles: 128 per tensor shard)
+    compiled = compile_tiny_moe(devs, {"fsdp": 2, "tensor": 2}, 8, 256, moe_width=256)
     hlo = compiled.as_text()
     mem = compiled.memory_analysis()
     print(json.dumps({

@@ -33,33 +33,45 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 
-def temp_mib(devices, shards: int, tokens: int, rounds: int) -> float:
+def compile_tiny_moe(devices, mesh_axes: dict, batch: int, tokens: int, *, moe_width: int = 128, rounds=None):
+    """AOT-compiles a tiny qwen3_moe forward + grad with the gmm dispatch on ``devices`` (a mesh of ``mesh_axes``;
+    fsdp is the expert axis) for ``batch`` rows of ``tokens``, rows over the batch axes. ``moe_width``: each
+    expert's width (the kernel tiles by 128); ``rounds``: ``moe_exchange_tokens`` (None: the model's default).
+    Shared with ``tests/test_moe_gmm.py``'s compile check."""
     from comprl_jax.models import ModelConfig
     from comprl_jax.models import decoder as D
     from comprl_jax.runtime import sharding
 
-    mesh = sharding.make_mesh({"fsdp": shards, "tensor": 1}, devices=devices[:shards])
+    n = 1
+    for v in mesh_axes.values():
+        n *= v
+    mesh = sharding.make_mesh(dict(mesh_axes), devices=devices[:n])
+    extra = {} if rounds is None else {"moe_exchange_tokens": rounds}
     cfg = ModelConfig.tiny(
-        "qwen3_moe", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, moe_intermediate_size=128,
-        intermediate_size=256, moe_dispatch="gmm", dtype="bfloat16", moe_exchange_tokens=rounds,
+        "qwen3_moe", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, moe_intermediate_size=moe_width,
+        intermediate_size=256, moe_dispatch="gmm", dtype="bfloat16", **extra,
     )  # fmt: skip
     gd, abstract = D.abstract_decoder(cfg)
     shardings = sharding.state_shardings(abstract, mesh)
     params = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    b = shards  # one sequence of `tokens` per chip
     row = NamedSharding(mesh, sharding.logical_to_spec(("batch",), mesh=mesh))
-    ids = jax.ShapeDtypeStruct((b, tokens), jnp.int32, sharding=row)
-    mask = jax.ShapeDtypeStruct((b, tokens), jnp.bool_, sharding=row)
+    ids = jax.ShapeDtypeStruct((batch, tokens), jnp.int32, sharding=row)
+    mask = jax.ShapeDtypeStruct((batch, tokens), jnp.bool_, sharding=row)
 
     def loss(params, ids, mask):
-        positions = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (b, tokens))
+        positions = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
         logits = D.forward(gd, params, ids, positions, mask)
         return jnp.sum(jnp.where(mask[..., None], logits.astype(jnp.float32), 0.0))
 
     with jax.set_mesh(mesh):
-        compiled = jax.jit(jax.value_and_grad(loss)).lower(params, ids, mask).compile()
+        return jax.jit(jax.value_and_grad(loss)).lower(params, ids, mask).compile()
+
+
+def temp_mib(devices, shards: int, tokens: int, rounds: int) -> float:
+    """Per-chip temporaries (MiB) with one sequence of ``tokens`` per chip over ``shards`` expert shards."""
+    compiled = compile_tiny_moe(devices, {"fsdp": shards, "tensor": 1}, shards, tokens, rounds=rounds)
     return round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 2)
 
 
