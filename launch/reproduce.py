@@ -26,7 +26,9 @@ of one sequence per fsdp group, the samplers' splits ``{role}.rollout_tensor``, 
 rows that fit and ``extractor.rows_per_call`` from the distillation rows that fit. Where ``launch/compile_plans.jsonl``
 holds the TPU compiler's figures for the hardware (``launch/compile_check.py``), the splits and both wave sizes come
 from those instead (:func:`compiler_layout`), the updates' meshes and micro-batches are checked to be the compiled
-ones (:func:`stale_reason`), and a run that the compiler cannot fit is listed as not runnable. ``--models_dir=D`` passes
+ones (:func:`stale_reason`), and a run that the compiler cannot fit is listed as not runnable. The capacity study's
+MoE extractor runs ``extractor.moe_dispatch=gmm`` on TPU hardware (:func:`moe_dispatch_for`), planned and checked
+against lines compiled with that dispatch. ``--models_dir=D`` passes
 ``D/<name>`` for every Hugging Face model the config names (``Qwen/Qwen2.5-7B-Instruct`` -> ``D/Qwen2.5-7B-
 Instruct``). The SWE arm runs on SWE-Lite (``comprl/SWE-Lite-v0``, a bubblewrap sandbox, offline); SWE-Bench
 Verified itself needs its per-task container images (``comprl_jax/envs/swe/container.py``, untested here).
@@ -151,6 +153,16 @@ def _plan_memory():
     return pm
 
 
+TPU_HARDWARE_PREFIXES = ("v4-", "v5p-", "v5e-", "v6e-")
+
+
+def moe_dispatch_for(hardware: str, study: str) -> str:
+    """The MoE extractor's dispatch (``extractor.moe_dispatch``) for a study on ``hardware``: the capacity study
+    on a TPU runs ``gmm`` (megablox kernels, expert-parallel exchange; the model's own dropless dispatch does not
+    lower for TPU and ``capacity`` drops tokens); elsewhere "" (the model's dropless dispatch)."""
+    return "gmm" if study == "capacity" and hardware.startswith(TPU_HARDWARE_PREFIXES) else ""
+
+
 def mesh_overrides(
     hardware: str, study: str, episodes: int, layout: dict | None = None, plan: dict | None = None
 ) -> tuple[list[str], dict]:
@@ -158,9 +170,12 @@ def mesh_overrides(
     plan. ``episodes``: the step's trajectories (``rows_per_wave`` must divide it). ``layout``: the TPU compiler's
     (:func:`compiler_layout`), whose rollout tensor splits and wave sizes replace the plan's. ``plan``: that
     plan when the caller has it already (``best_paper_plan`` searches every split)."""
-    p = plan or _plan_memory().best_paper_plan(hardware, "colocated", study=study)
+    dispatch = moe_dispatch_for(hardware, study)
+    p = plan or _plan_memory().best_paper_plan(hardware, "colocated", study=study, moe_dispatch=dispatch)
     a, e = p["mesh"]["actor"], p["mesh"]["extractor"]
     out = ["--config.mesh.data=1", "--config.mesh.fsdp=-1"]
+    if dispatch:
+        out.append(f"--config.extractor.moe_dispatch={dispatch}")
     if a["tensor"] > 1:
         out.append(f"--config.mesh.tensor={a['tensor']}")
     if e["tensor"] != a["tensor"]:
@@ -198,16 +213,21 @@ COMPILE_CONFIG = {"main": "configs/minihack_room.py", "capacity": "configs/extra
 
 
 def compiler_lines(hardware: str, study: str, path: str = COMPILE_PLANS) -> list[dict]:
-    """Every ``compile_check`` line of ``path`` for ``hardware`` and ``study``, in file order ([] when none)."""
+    """Every ``compile_check`` line of ``path`` for ``hardware`` and ``study``, in file order ([] when none). An
+    MoE model's line counts only when it was compiled with the dispatch the run uses (:func:`moe_dispatch_for`;
+    "" = the model's ``dropless``): another dispatch is another program."""
     if not path or not os.path.isfile(path):
         return []
+    want = moe_dispatch_for(hardware, study) or "dropless"
     out = []
     with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
             d = json.loads(line)
-            if d.get("hardware") == hardware and d.get("config") == COMPILE_CONFIG[study]:
+            if d.get("hardware") != hardware or d.get("config") != COMPILE_CONFIG[study]:
+                continue
+            if d.get("moe_dispatch", want) == want:
                 out.append(d)
     return out
 
@@ -477,7 +497,9 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
             # the same for every seed: the plan's meshes, the compiler's layout and verdict
             mesh, fits, plan, compiler = [], True, None, None
             if hw != "none":
-                plan = _plan_memory().best_paper_plan(hw, "colocated", study=study)
+                plan = _plan_memory().best_paper_plan(
+                    hw, "colocated", study=study, moe_dispatch=moe_dispatch_for(hw, study)
+                )
                 lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
                 layout = compiler_layout(plan, lines, episodes) if lines else None
                 mesh, _ = mesh_overrides(hw, study, episodes, layout, plan)

@@ -149,7 +149,9 @@ def test_mesh_flags_follow_the_memory_plan():
     """8xH100: extractor fsdp=4 x tensor=2, the samplers over 4 and 8 GPUs, 16 rollout rows, 6 distillation rows
     that fit -> 4 per extractor call (the sampler buckets rows to a power of two: 6 would ask for 8; WORKSPACE
     "Memory plans"); v5p-64: plain fsdp=32 (272 rollout and 136 distillation rows: more than a step's 128), the
-    capacity study's extractor over tensor=4 (fsdp=8), 152 rows -> 128 (a power of two dividing 384)."""
+    capacity study's extractor over tensor=4 (fsdp=8) with the TPU's gmm dispatch (its expert exchange, 14.56 GiB,
+    leaves 64 rollout rows at once; the dropless plan, which does not lower for TPU, had 152 -> 128); GPUs keep
+    the model's dispatch (no flag)."""
     rp = _rp()
     flags, plan = rp.mesh_overrides("8xh100", "main", 128)
     assert plan["fits"] and (plan["rollout_rows_at_once"], plan["distill_rows_at_once"]) == (16, 6)
@@ -168,10 +170,17 @@ def test_mesh_flags_follow_the_memory_plan():
         "--config.actor.rollout_tensor=4",
         "--config.extractor.rollout_tensor=4",
     ]  # fmt: skip  (272 rows fit: one wave)
-    flags, _ = rp.mesh_overrides("v5p-64", "capacity", 384)
-    assert "--config.mesh.extractor_tensor=4" in flags and "--config.rollout.rows_per_wave=128" in flags
+    flags, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
+    assert plan["fits"] and plan["update_activations_gib"]["extractor"]["expert_exchange"] == 14.56
+    assert "--config.extractor.moe_dispatch=gmm" in flags and "--config.mesh.extractor_tensor=4" in flags
+    assert "--config.rollout.rows_per_wave=64" in flags
     assert "--config.extractor.micro_batch=8" in flags and "--config.extractor.rows_per_call=64" in flags
-    assert not rp.mesh_overrides("8xh100", "capacity", 384)[1]["fits"]
+    flags, plan = rp.mesh_overrides("8xh100", "capacity", 384)
+    assert not plan["fits"] and not any("moe_dispatch" in f for f in flags)
+    assert [
+        rp.moe_dispatch_for(h, s)
+        for h, s in [("v5p-64", "capacity"), ("v5p-64", "main"), ("16xh200", "capacity")]
+    ] == ["gmm", "", ""]
     assert rp.bucketed_rows(6, 1, 128) == 4 and rp.bucketed_rows(152, 8, 384) == 128
     assert rp.bucketed_rows(7, 8, 1024) == 0  # fewer rows than data groups: nothing a bucket can hold
 
@@ -199,7 +208,8 @@ def test_train_py_accepts_a_printed_command(tmp_path):
     lines = {ln.split("#")[0].split("=", 1)[0].strip(): ln.split("#")[0].split("=", 1)[1].strip()
              for ln in out.stdout.splitlines() if " = " in ln and not ln.startswith("#")}  # fmt: skip
     assert lines["seed"] == "1" and lines["mesh.extractor_tensor"] == "4"
-    assert lines["extractor.micro_batch"] == "8" and lines["rollout.rows_per_wave"] == "128"
+    assert lines["extractor.micro_batch"] == "8" and lines["rollout.rows_per_wave"] == "64"  # the gmm plan's
+    assert lines["extractor.moe_dispatch"].strip("'\"") == "gmm"
     assert lines["actor.rollout_tensor"] == "4" and lines["extractor.rollout_tensor"] == "4"
     assert lines["extractor.model"].strip("'\"") == "/models/Qwen3-30B-A3B-Instruct-2507"
     assert "running: " in out.stderr and os.listdir(tmp_path) == []
@@ -365,26 +375,44 @@ def test_compiler_figures_check_the_plan(tmp_path):
     assert rp.compiler_figures("v5p-64", "main", str(tmp_path / "missing.jsonl")) == {}
 
 
-def test_the_compiler_stops_a_run_the_plan_lets_through():
-    """The capacity study on a v5p-64 with the plan's overrides (extractor update over tensor=4, both samplers over 4
-    chips): the memory plan fits it (152 rollout rows), and the TPU compiler fits every function on its own
-    (launch/compile_plans.jsonl, 2026-12-03), but not together: beside the MoE update's 66.27 GiB peak, the actor's
-    2.67 GiB state, the embedder and the extractor sampler's 14.24 GiB copy, 86.17 - 2.67 - 66.27 - 0.03 - 14.24 =
-    2.96 GiB per chip is left for the rollout, less than the actor sampler's own 3.55 GiB copy. The run is listed as
-    not runnable, naming the compiler. The plan is optimistic about the MoE update (0.83x the compiler's peak)."""
+def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
+    """The capacity study on a v5p-64 runs the TPU's gmm dispatch (``extractor.moe_dispatch=gmm``); only lines
+    compiled with gmm count (the ``capacity`` dispatch's, which drops tokens, are another program). The memory plan
+    allows 64 rollout and 64 distillation rows at once; the TPU compiler's figures (launch/compile_plans.jsonl,
+    2026-12-05) fit the run in smaller waves. By hand, per chip (usable 86.166 GiB, embedder 0.03):
+
+    rollout beside the extractor update: 86.166 - 2.666 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
+    tensor 4) - 0.03 - 14.236 (the extractor sampler's copy: 17.236 - 2 rows x 1.5) = 12.18 free; the actor
+    sampler's copy 5.297 - 4 x 0.4375 = 3.547 and working set 3.521 (32 rows compiled, 4 per group): 8.633 /
+    (0.4375 + 3.521 / 4) = 6 rows per group x 8 = 48 -> 32 a wave (a power-of-two bucket dividing 384: 12 waves).
+    Distillation beside the actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 - 14.236 =
+    26.79 / (1.5 + 18.862 / 2) = 2 rows per group x 8 = 16 a call (24 calls)."""
     rp = _rp()
-    _, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
-    assert plan["fits"] and plan["rollout_rows_at_once"] == 152
+    flags, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
+    assert plan["fits"] and (plan["rollout_rows_at_once"], plan["distill_rows_at_once"]) == (64, 64)
     lines = rp.compiler_lines("v5p-64", "capacity")
+    assert {d.get("moe_dispatch") for d in lines if d["function"].startswith("extractor_")} == {"gmm"}
     layout = rp.compiler_layout(plan, lines, 384)
-    assert layout["free_gib"]["rollout"] == 2.96 and layout["rows_per_wave"] == 0 and not layout["fits"]
+    assert layout["fits"] and layout["free_gib"] == {"rollout": 12.18, "distill": 41.03}
     assert layout["sampler_copies_gib"] == 17.78  # 3.55 (7B over 4 chips) + 14.24 (30B over 4)
+    assert (layout["rows_per_wave"], layout["rows_per_call"]) == (32, 16)
+    assert (layout["rollout_waves"], layout["distill_waves"]) == (12, 24)
     check = rp.compiler_check(plan, rp.chosen_figures(lines, layout["rollout_tensor"]), layout)
-    assert check["fits"] and not check["stale"]  # each function alone fits
-    assert check["plan_over_compiler"]["extractor_update"] == pytest.approx(0.83, abs=0.01)
+    assert check["fits"] and not check["stale"]
+    # the plan is close to the compiler on the gmm update (59.7 planned against 57.0 compiled)
+    assert check["plan_over_compiler"]["extractor_update"] == pytest.approx(1.047, abs=0.001)
     out = _cli("--table=capacity", "--hardware=v5p-64", "--seeds=0")
     runs, _, _ = _runs(out.stdout)
-    assert runs and all(not r["runnable"] and "TPU compiler" in r["note"] for r in runs)
+    assert runs and all(r["runnable"] for r in runs)
+    for r in runs:
+        assert "--config.extractor.moe_dispatch=gmm" in r["overrides"]
+        assert "--config.rollout.rows_per_wave=32" in r["overrides"]
+        assert "--config.extractor.rows_per_call=16" in r["overrides"]
+    # the file also holds the capacity dispatch's update (66.27 GiB at the same mesh): not this run's program
+    with open(rp.COMPILE_PLANS) as f:
+        shipped = [json.loads(line) for line in f if line.strip()]
+    cap = [d for d in shipped if d.get("moe_dispatch") == "capacity" and d["function"] == "extractor_update"]
+    assert cap and not any(d in lines for d in cap)
 
 
 def _line(fn, mesh, shapes, **gib):
