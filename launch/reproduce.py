@@ -933,6 +933,12 @@ def estimates(tables: list[str], opts: dict, on: list[str]) -> list[dict]:
                         fits = p["fits"]
                         rows_at_once = p["rollout_rows_at_once"]
                         waves = -(-episodes // rows_at_once) if rows_at_once else 0
+                        # the waves the run will use: the compiler's, where it has lines (as plan_runs)
+                        lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
+                        layout = compiler_layout(p, lines, episodes) if lines else None
+                        if layout is not None:
+                            fits = fits and layout["fits"]
+                            waves = layout["rollout_waves"] or 0
                     row = {
                         "table": table,
                         "config": f"configs/{arm['config']}.py:{variant}",

@@ -381,7 +381,7 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
     allows 64 rollout and 64 distillation rows at once; the TPU compiler's figures (launch/compile_plans.jsonl,
     2026-12-05) fit the run in smaller waves. By hand, per chip (usable 86.166 GiB, embedder 0.03):
 
-    rollout beside the extractor update: 86.166 - 2.666 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
+    rollout beside the extractor update: 86.166 - 2.674 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
     tensor 4) - 0.03 - 14.236 (the extractor sampler's copy: 17.236 - 2 rows x 1.5) = 12.18 free; the actor
     sampler's copy 5.297 - 4 x 0.4375 = 3.547 and working set 3.521 (32 rows compiled, 4 per group): 8.633 /
     (0.4375 + 3.521 / 4) = 6 rows per group x 8 = 48 -> 32 a wave (a power-of-two bucket dividing 384: 12 waves).

@@ -35,7 +35,13 @@ def test_start_exec_and_stop_commands_carry_the_sandbox_caps():
     # a file the editor writes goes in on the exec's stdin
     assert box.exec_argv("cat > /testbed/a.py", stdin=True)[:3] == ["podman", "exec", "--interactive"]
     assert box.repo_dir == "/testbed"
-    assert box.stop_argv() == ["podman", "rm", "--force", "comprl-swe-x"]
+    assert box.stop_argv() == ["podman", "rm", "--force", "--time", "0", "comprl-swe-x"]
+    assert ContainerSandbox("a__b-1", runtime="docker", name="c").stop_argv() == [
+        "docker",
+        "rm",
+        "--force",
+        "c",
+    ]
     with pytest.raises(ValueError, match="runtime must be one of"):
         ContainerSandbox("a__b-1", runtime="lxc")
 

@@ -68,6 +68,7 @@ class _ThreadWorker:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: cheaper per request than Queue
         self.envs: dict[int, Any] = {}
         self._lock = threading.Lock()
+        self._closing = threading.Lock()
         self._gen = 0
         self._current: Request | None = None
         self._threads: list[threading.Thread] = []
@@ -83,7 +84,12 @@ class _ThreadWorker:
     def _loop(self, gen: int) -> None:
         while True:
             req = self.queue.get()
-            if req is SENTINEL:
+            if req is SENTINEL:  # closing: the current thread closes the worker's envs (a stuck one cannot)
+                with self._lock:
+                    envs = self.envs if gen == self._gen else {}
+                with self._closing:
+                    for slot in list(envs):
+                        drop_env(envs, slot)
                 return
             with self._lock:
                 if gen != self._gen:  # replaced while waiting: hand the request back and leave
@@ -113,8 +119,11 @@ class _ThreadWorker:
                 return
             self._current = None
             self._gen += 1
-            # The hung env stays with the abandoned thread; the other slots' envs carry over.
-            self.envs = {k: v for k, v in self.envs.items() if k != req.slot}
+            # The hung env stays with the abandoned thread; the other slots' envs carry over. dict.copy() runs
+            # without releasing the GIL: the hung thread may still add or drop an entry of the old dict.
+            envs = self.envs.copy()
+            envs.pop(req.slot, None)
+            self.envs = envs
             self._start_thread()
         self.stats.add("timeouts", "restarts")
         message = (
@@ -128,9 +137,10 @@ class _ThreadWorker:
         self._threads[-1].join(wait_s)  # abandoned (hung) threads are daemons: not waited for
         with self._lock:
             busy = self._current.slot if self._current is not None else None
-        for slot in list(self.envs):
-            if slot != busy:  # never close an env a stuck thread is still inside
-                drop_env(self.envs, slot)
+        with self._closing:  # the thread may be closing them too (on the sentinel): one close per env
+            for slot in list(self.envs):
+                if slot != busy:  # never close an env a stuck thread is still inside
+                    drop_env(self.envs, slot)
 
 
 def _close_pool(ref: weakref.ref) -> None:

@@ -165,13 +165,15 @@ def execute(
 
 
 def drop_env(envs: dict, slot: int) -> None:
-    """Removes and closes ``envs[slot]`` (if any); a failing close is ignored."""
-    env = envs.pop(slot, None)
+    """Closes and removes ``envs[slot]`` (if any); a failing close is ignored. Removed only after the close: a
+    close cut short (the worker's SIGTERM) leaves the env in ``envs`` for the worker's final closing."""
+    env = envs.get(slot)
     if env is not None:
         try:
             env.close()
         except Exception:  # noqa: BLE001 - the env is already broken; closing is best effort
             pass
+        envs.pop(slot, None)
 
 
 class Request:

@@ -99,6 +99,9 @@ class ProcessWorker:
     The request bookkeeping (in flight, backlog, each slot's replayable episode) lives on the dispatcher thread."""
 
     PIPELINE = 4
+    # Seconds a terminated child has to close its envs before SIGKILL (removing a container takes ~1 s); only a
+    # child stuck where Python cannot interrupt it waits it out.
+    TERM_GRACE_S = 10.0
 
     def __init__(self, name, env_id, entry_point, kwargs, stats, ctx, startup_timeout_s: float):
         self.name, self.entry_point, self.kwargs, self.stats, self.ctx = name, entry_point, kwargs, stats, ctx
@@ -143,8 +146,8 @@ class ProcessWorker:
         proc.join(0.5)
         ended = _exit_text(proc.exitcode)
         if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
+            proc.terminate()  # the child closes its envs (containers, scratch clones), then exits
+            proc.join(self.TERM_GRACE_S)
         if proc.is_alive():
             proc.kill()
             proc.join(2.0)

@@ -86,7 +86,15 @@ class ContainerSandbox:
         ]  # fmt: skip
 
     def stop_argv(self) -> list[str]:
-        return [self.runtime, "rm", "--force", self.name]
+        # podman's rm --force first stops the container with a 10 s grace (its `sleep` ignores SIGTERM); --time 0
+        # kills at once, as docker's rm --force does
+        return [
+            self.runtime,
+            "rm",
+            "--force",
+            *(["--time", "0"] if self.runtime == "podman" else []),
+            self.name,
+        ]
 
     def start(self) -> None:
         if shutil.which(self.runtime) is None:
