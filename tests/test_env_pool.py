@@ -335,8 +335,9 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
             # replacing dead workers instead of exiting on SIGINT.
             if __name__ == "__main__":
                 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stack dump if it hangs
+                # timeout_s well inside the test's 60 s: a reply the loaded box delays cannot outlast the test
                 with EnvPool({FLAKY!r}, num_slots=2, num_workers=2, backend="process",
-                             env_kwargs={{"p_raise": 0.0}}) as pool:
+                             env_kwargs={{"p_raise": 0.0}}, timeout_s=10.0) as pool:
                     pool.submit_reset(0, 1).result(); pool.submit_reset(1, 2).result()
                     print("READY", flush=True)
                     while True:
@@ -360,8 +361,15 @@ def test_keyboard_interrupt_leaves_no_orphans(tmp_path):
         except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (one CI run in ~3 hung here)
             proc.send_signal(signal.SIGUSR1)
             time.sleep(2)
+            states = []  # and what its workers were doing (2026-12-05: the driver waited on a step reply)
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    states.append((p.pid, p.status(), p.cpu_times(), p.pid in workers))
+                except psutil.NoSuchProcess:
+                    pass
             pytest.fail(
-                f"the driver did not exit within 60 s of SIGINT; its threads:\n{err.read_text()[-8000:]}"
+                f"the driver did not exit within 60 s of SIGINT; its workers (pid, status, cpu, at READY): "
+                f"{states}; its threads:\n{err.read_text()[-8000:]}"
             )
         assert proc.returncode != 0  # the KeyboardInterrupt propagated after the pool closed
         gone, alive = psutil.wait_procs(
