@@ -480,6 +480,25 @@ def launcher_argv(launcher: str, config_arg: str, wd: str, train_args: list[str]
     raise ValueError(f"launcher {launcher!r} unknown")
 
 
+def paper_setup(
+    hw: str, study: str, episodes: int, opts: dict
+) -> tuple[dict, dict | None, dict | None, bool]:
+    """A paper run on ``hw``: ``(plan, layout, compiler, fits)``. The memory plan (with the study's MoE dispatch
+    there), the TPU compiler's layout and check where ``opts["compile_plans"]`` has lines for it (else None), and
+    whether it fits: the plan, and the compiler's word on the same functions, which overrides the plan's."""
+    plan = _plan_memory().best_paper_plan(
+        hw, "colocated", study=study, moe_dispatch=moe_dispatch_for(hw, study)
+    )
+    lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
+    layout = compiler_layout(plan, lines, episodes) if lines else None
+    fits, compiler = plan["fits"], None
+    if lines:
+        compiler = compiler_check(plan, chosen_figures(lines, (layout or plan)["rollout_tensor"]), layout)
+        compiler["layout"] = layout
+        fits = fits and compiler["fits"] and (layout is None or layout["fits"])
+    return plan, layout, compiler, fits
+
+
 def plan_runs(table: str, opts: dict) -> list[dict]:
     """Every run of ``table``: ``{"table", "config", "variant", "method", "seed", "workdir", "command",
     "argv", "overrides", "runnable", "fits", "note"}``; ``opts`` holds the flag values (see :func:`options`)."""
@@ -497,19 +516,8 @@ def plan_runs(table: str, opts: dict) -> list[dict]:
             # the same for every seed: the plan's meshes, the compiler's layout and verdict
             mesh, fits, plan, compiler = [], True, None, None
             if hw != "none":
-                plan = _plan_memory().best_paper_plan(
-                    hw, "colocated", study=study, moe_dispatch=moe_dispatch_for(hw, study)
-                )
-                lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
-                layout = compiler_layout(plan, lines, episodes) if lines else None
+                plan, layout, compiler, fits = paper_setup(hw, study, episodes, opts)
                 mesh, _ = mesh_overrides(hw, study, episodes, layout, plan)
-                fits = plan["fits"]
-                if lines:  # the TPU compiler's word on the same functions overrides the plan's
-                    compiler = compiler_check(
-                        plan, chosen_figures(lines, (layout or plan)["rollout_tensor"]), layout
-                    )
-                    compiler["layout"] = layout
-                    fits = fits and compiler["fits"] and (layout is None or layout["fits"])
             for seed in opts["seeds"]:
                 args = [f"--config.seed={int(seed)}"]
                 if opts["tasks_per_step"]:
@@ -929,16 +937,12 @@ def estimates(tables: list[str], opts: dict, on: list[str]) -> list[dict]:
                     if opts["scale"] == "paper" and hw in _plan_memory().HARDWARE:
                         tasks = opts["tasks_per_step"] or c.rollout.tasks_per_step
                         episodes = tasks * c.rollout.group_size * len(c.env.tasks)
-                        _, p = mesh_overrides(hw, study, episodes)
-                        fits = p["fits"]
-                        rows_at_once = p["rollout_rows_at_once"]
-                        waves = -(-episodes // rows_at_once) if rows_at_once else 0
-                        # the waves the run will use: the compiler's, where it has lines (as plan_runs)
-                        lines = compiler_lines(hw, study, opts.get("compile_plans", COMPILE_PLANS))
-                        layout = compiler_layout(p, lines, episodes) if lines else None
-                        if layout is not None:
-                            fits = fits and layout["fits"]
+                        p, layout, _, fits = paper_setup(hw, study, episodes, opts)
+                        if layout is not None:  # the waves the run will use: the compiler's
                             waves = layout["rollout_waves"] or 0
+                        else:
+                            rows_at_once = p["rollout_rows_at_once"]
+                            waves = -(-episodes // rows_at_once) if rows_at_once else 0
                     row = {
                         "table": table,
                         "config": f"configs/{arm['config']}.py:{variant}",

@@ -17,8 +17,9 @@ on worker ``s % num_workers``, which owns that slot's env instance and runs its 
   ``info["failed"]`` set) and is rebuilt on the next reset; a call that runs past ``timeout_s`` ends the same
   way. A hung thread is abandoned (daemon) and a fresh worker thread takes over the worker's other slots; the
   abandoned thread closes the hung env if its call ever returns. A hung process is terminated and respawned; its
-  SIGTERM handler closes every env it held (containers, scratch clones) before it exits. Every ``info["error"]`` names the request, the slot, the env id and the
-  cause (the exception with its message and where it was raised, the timeout, or how the worker process ended).
+  SIGTERM handler closes every env it held (containers, scratch clones) before it exits. Every ``info["error"]``
+  names the request, the slot, the env id and the cause (the exception with its message and where it was raised,
+  the timeout, or how the worker process ended).
 * Worker recovery (process backend): the parent keeps, per slot, the episode's reset seed and the replies stepped
   since, with a digest of the last observation. When a worker process dies or is replaced, the requests it held
   go to the fresh one in their order, and each slot's first step there first rebuilds the env: reset with the
@@ -102,9 +103,8 @@ class _ThreadWorker:
                 abandoned = gen != self._gen  # the watchdog already failed this request and replaced us
                 if not abandoned:
                     self._current = None
-            if (
-                abandoned
-            ):  # the env we were left with is no longer the pool's: close it (an SWE env's container)
+            # abandoned: the env we were left with is no longer the pool's; close it (an SWE env's container)
+            if abandoned:
                 drop_env(envs, req.slot)
                 return
             if result[-1].get("failed"):

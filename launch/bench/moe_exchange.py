@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -42,10 +43,7 @@ def compile_tiny_moe(devices, mesh_axes: dict, batch: int, tokens: int, *, moe_w
     from comprl_jax.models import decoder as D
     from comprl_jax.runtime import sharding
 
-    n = 1
-    for v in mesh_axes.values():
-        n *= v
-    mesh = sharding.make_mesh(dict(mesh_axes), devices=devices[:n])
+    mesh = sharding.make_mesh(dict(mesh_axes), devices=devices[: math.prod(mesh_axes.values())])
     extra = {} if rounds is None else {"moe_exchange_tokens": rounds}
     cfg = ModelConfig.tiny(
         "qwen3_moe", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, moe_intermediate_size=moe_width,
