@@ -520,7 +520,9 @@ def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):
     from comprl_jax import sampling
     from comprl_jax.models import decoder
 
-    abstract = jax.eval_shape(lambda: decoder.init_cache(role.model, rows, slots))
+    # the layout for the mesh's platform (a TPU topology here, though this host is a CPU)
+    cpu = mesh.devices.flat[0].platform == "cpu"
+    abstract = jax.eval_shape(lambda: decoder.init_cache(role.model, rows, slots, keys_last=cpu))
     shardings = sampling.cache_shardings(mesh, role.model, abstract)
     return jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), abstract, shardings)
 

@@ -65,8 +65,10 @@ def test_chunked_ragged_extend_equals_forward(model):
     lg1, cache = ext(graphdef, params, cache, chunk1, first)
     assert np.asarray(cache.lengths).tolist() == [5, 0, 7]
     # Slots past each row's length were never written (padding columns are dropped, not stored).
-    k = np.asarray(cache.k)
-    assert not k[:, 0, 5:].any() and not k[:, 1].any() and not k[:, 2, 7:].any()
+    k, v = np.asarray(cache.k), np.asarray(cache.v)  # the slot is k's last axis and v's fourth
+    assert not k[:, 0, ..., 5:].any() and not k[:, 1].any() and not k[:, 2, ..., 7:].any()
+    assert not v[:, 0, :, 5:].any() and not v[:, 1].any() and not v[:, 2, :, 7:].any()
+    assert k[:, 0, ..., :5].any() and v[:, 2, :, :7].any()
     rest = 12 - first
     chunk2 = np.zeros((3, 12), np.int32)
     for b, n in enumerate(first):
@@ -103,7 +105,8 @@ def test_dtypes_and_hidden():
     assert logits.dtype == jnp.float32 and logits.shape == (2, 4, cfg.vocab_size)
     assert hidden.dtype == jnp.float32 and hidden.shape == (2, 4, cfg.hidden_size)
     cache = init_cache(cfg, 2, 8)
-    assert cache.k.dtype == jnp.bfloat16 and cache.k.shape == (2, 2, 8, 2, 16)
+    assert cache.k.dtype == jnp.bfloat16 and cache.k.shape == (2, 2, 2, 16, 8)  # [L, B, Hkv, Dh, S]
+    assert cache.v.dtype == jnp.bfloat16 and cache.v.shape == (2, 2, 2, 8, 16)  # [L, B, Hkv, S, Dh]
 
 
 def test_remat_same_gradients(model):
@@ -119,3 +122,33 @@ def test_remat_same_gradients(model):
     g1 = grad(params, True)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_both_dense_cache_layouts_extend_alike():
+    """The CPU layout (``keys_last``: k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh]) and the accelerator layout
+    ([L, B, S, Hkv, Dh]) give the same logits through a ragged prefill and three decode steps, and the same cache
+    contents position by position."""
+    cfg = ModelConfig.tiny("qwen3", vocab_size=64, num_layers=2, hidden_size=32, intermediate_size=64,
+                           num_heads=4, num_kv_heads=2, head_dim=8)  # fmt: skip
+    graphdef, params = init_decoder(cfg, seed=3)
+    ext = jax.jit(extend, static_argnums=0)
+    toks = np.random.default_rng(0).integers(1, 64, (3, 9)).astype(np.int32)
+    n = np.array([9, 4, 6], np.int32)
+    out = {}
+    for keys_last in (False, True):
+        cache = init_cache(cfg, 3, 16, keys_last=keys_last)
+        assert cache.keys_last is keys_last and cache.capacity == 16
+        logits = [ext(graphdef, params, cache, toks, n)]
+        cache = logits[0][1]
+        for step in range(3):
+            lg, cache = ext(graphdef, params, cache, toks[:, step : step + 1], np.ones(3, np.int32))
+            logits.append((lg, cache))
+        k, v = np.asarray(cache.k), np.asarray(cache.v)
+        if keys_last:  # back to [L, B, S, Hkv, Dh]
+            k, v = k.transpose(0, 1, 4, 2, 3), v.transpose(0, 1, 3, 2, 4)
+        out[keys_last] = ([np.asarray(lg) for lg, _ in logits], k, v, np.asarray(cache.lengths))
+    for a, b in zip(out[False][0], out[True][0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    for i in (1, 2):
+        np.testing.assert_array_equal(out[False][i], out[True][i])  # the same keys and values, slot by slot
+    assert out[True][3].tolist() == [12, 7, 9]

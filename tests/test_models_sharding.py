@@ -105,7 +105,8 @@ def test_sharded_forward_matches_unsharded(mesh_name, reference):
 
     # The cached path under the same sharding: prefill logits equal the cache-free forward.
     cache = D.init_cache(cfg, tokens.shape[0], 16)
-    cache = jax.device_put(cache, D.KVCache(*[sharding.named_sharding(mesh, D.CACHE_AXES)] * 2, None))
+    shardings = [sharding.named_sharding(mesh, a) for a in cache.axes]
+    cache = jax.device_put(cache, D.KVCache(*shardings, None, keys_last=cache.keys_last))
     ext, cache = jax.jit(D.extend, static_argnums=0)(graphdef, params, cache, batch[0], jnp.asarray(lengths))
     np.testing.assert_allclose(np.asarray(ext)[mask], ref_logits[mask], atol=1e-5)
     np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)

@@ -212,7 +212,8 @@ def test_mesh_matches_single_device_and_threads(model, svc):
     msvc = SamplerService(gd, params, CFG, stop_token_ids=(EOS,), pad_id=PAD, mesh=mesh)
     cache = msvc.new_cache(msvc.batch_bucket(6), 32)
     assert cache.k.shape[1] == 8  # batch bucket is a multiple of data * fsdp = 4
-    assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), None, "tensor")
+    assert cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), "tensor")
+    assert cache.v.sharding.spec == cache.k.sharding.spec  # [L, B, Hkv, ...]: rows and KV heads split alike
     assert cache.lengths.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     prompts = _prompts(6, seed=5)
     sp = SamplingParams(max_new_tokens=8, greedy=True)

@@ -308,10 +308,11 @@ def test_constrained_actions_on_128_minihack_prompts(ours, sampler):
     _, one = jax.jit(D.extend, static_argnums=0)(
         ours.graphdef, ours.params, one, jnp.asarray([prompts[0][:n]], jnp.int32), jnp.asarray([n], jnp.int32)
     )
-    shape = (cfg.num_layers, n_rows, *one.k.shape[2:])
+    rows_of = lambda x: jnp.broadcast_to(x, (cfg.num_layers, n_rows, *x.shape[2:]))  # noqa: E731
     cache = D.KVCache(
-        k=jnp.broadcast_to(one.k, shape),
-        v=jnp.broadcast_to(one.v, shape),
+        k=rows_of(one.k),
+        v=rows_of(one.v),
+        keys_last=one.keys_last,
         lengths=jnp.full((n_rows,), n, jnp.int32),
     )
     constraint = sampler.strings_constraint(tuple(f"<answer>{a}</answer>" for a in actions))
@@ -402,9 +403,11 @@ def test_constrained_directions_follow_the_prompt(ours, sampler):
     )
 
     def cache(rows):
-        shape = (cfg.num_layers, rows, *one.k.shape[2:])
+        def rows_of(x):
+            return jnp.broadcast_to(x, (cfg.num_layers, rows, *x.shape[2:]))
+
         return D.KVCache(
-            k=jnp.broadcast_to(one.k, shape), v=jnp.broadcast_to(one.v, shape), lengths=jnp.full((rows,), n)
+            k=rows_of(one.k), v=rows_of(one.v), lengths=jnp.full((rows,), n), keys_last=one.keys_last
         )
 
     constraint = sampler.actions_constraint(actions)

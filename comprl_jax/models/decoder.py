@@ -1,8 +1,8 @@
 """The decoder (Qwen2 / Qwen2.5 / Qwen3 / Qwen3-MoE / Llama) as a Flax NNX module plus a pure, jittable API.
 
 Layer parameters are *stacked* along a leading ``layers`` axis and the forward pass is one ``lax.scan``: compile
-time stays flat in depth (28-36 layers for the real models) and the KV cache is a single ``[L, B, S, Hkv, Dh]``
-array per k/v. Every parameter carries logical axis names (``out_sharding=``) resolved by
+time stays flat in depth (28-36 layers for the real models) and the dense KV cache is one array per k / v
+(``[L, B, Hkv, Dh, S]`` / ``[L, B, Hkv, S, Dh]``, ``models/kv_cache.py``). Every parameter carries logical axis names (``out_sharding=``) resolved by
 ``comprl_jax.runtime.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
 ``hf_io`` transposes on the way in and out).
 
@@ -286,8 +286,8 @@ class Decoder(nnx.Module):
             if kernel is None:
                 # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
                 # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
-                k_ctx, v_ctx, ctx_valid, heads_first = kv_cache.context(cache, layer)
-                attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, heads_first)
+                k_ctx, v_ctx, ctx_valid, specs = kv_cache.context(cache, layer)
+                attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, specs)
             else:
                 # The kernel attends to the pool only: the layer's new key / value go into the carried pools first.
                 pools = kv_cache.write_layer(cache, pools, layer, k, v, num_new)
@@ -399,7 +399,7 @@ def extend(
     write, and the new keys and values are written after the last layer (``models/kv_cache.py``).
 
     Args:
-      cache: a dense :class:`KVCache` (``[L, B, S, Hkv, Dh]``) or a :class:`PagedKVCache` (page pool + page
+      cache: a dense :class:`KVCache` (``k [L, B, Hkv, Dh, S]``, ``v [L, B, Hkv, S, Dh]``) or a :class:`PagedKVCache` (page pool + page
         table; the host assigns the pages the new positions need). tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
       logits_at: optional ``[B]`` int32 column per row (clipped to ``[0, T)``); when given, only those columns go
         through the output head (a sampler needs one position per row, e.g. ``num_new - 1``).

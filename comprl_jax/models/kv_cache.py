@@ -3,19 +3,30 @@
 ======================  ===========================================  ==========================================
                         :class:`KVCache` (dense)                     :class:`PagedKVCache`
 ======================  ===========================================  ==========================================
-storage                 ``k, v [L, B, S, Hkv, Dh]``: row ``b`` owns  ``k, v [L, Hkv, P, page, Dh]``: a pool of
-                        ``S`` slots, position ``s`` in slot ``s``    ``P`` pages; ``pages [B, W]`` maps row
+storage                 ``k, v [L, B, S, Hkv, Dh]`` (on CPU: ``k [L,   ``k, v [L, Hkv, P, page, Dh]``: a pool of
+                        B, Hkv, Dh, S]``, ``v [L, B, Hkv, S,         ``P`` pages; ``pages [B, W]`` maps row
+                        Dh]``); row ``b`` owns ``S`` slots
                                                                      ``b``'s position ``s`` to page
                                                                      ``pages[b, s // page]``, offset
                                                                      ``s % page`` (``P`` = no page)
 memory                  ``B x S`` positions (the longest row's)      the pages the host allocated: the rows'
                                                                      live tokens, rounded up to a page each
-window (a turn's view)  ``k[:, :, :w]``: a copy of ``B x w``         ``pages[:, :w // page]``: ints only
-:func:`context`         ``k[layer]`` (a view)                        gathers the row's ``W`` pages: ``[B, W *
-                                                                     page, Hkv, Dh]``, cost follows ``W``
+window (a turn's view)  the first ``w`` slots: a copy of ``B x w``   ``pages[:, :w // page]``: ints only
+:func:`context`         ``k[layer]``, ``v[layer]`` (views)           gathers the row's ``W`` pages: ``[Hkv, B,
+                                                                     W * page, Dh]``, cost follows ``W``
 :func:`write`           one scatter of every layer's new keys and values after the layer scan (in place: no
                         read of the cache follows it inside a step)
 ======================  ===========================================  ==========================================
+
+Why the dense cache has a CPU layout (``KVCache.keys_last``, chosen by :func:`init_cache` for the platform the
+cache is built for): a decode step's scores are ``q [G, Dh] @ k [Dh, S]`` and its output ``p [G, S] @ v [S, Dh]``
+per row and KV head, and XLA's CPU dots take their right operand with the contracted dim major. Stored ``[.., S,
+Hkv, Dh]``, every layer of every step transposed its whole context first: at SmolLM2's shape (16 rows, 3 KV heads
+x 3 queries, 4,096 positions) one layer's decode attention took 69 ms that way and 10 ms with ``k [.., Hkv, Dh,
+S]`` and ``v [.., Hkv, S, Dh]``, bit-equal (WORKSPACE "Decode attention layout"). Prefill transposes the context
+once per turn instead. The TPU compiler goes the other way: with the CPU layout a 16-row decode at 32k slots
+needs 1.51 GiB of temporaries per chip against 0.16 (``tests/test_compile_check.py``), so TPU and GPU keep
+``[L, B, S, Hkv, Dh]``.
 
 Why the write comes after the layers: a decode step used to scatter each layer's new key into the loop-carried
 ``[L, B, S, Hkv, Dh]`` cache and then read that layer back for attention; XLA kept the old buffer alive for the
@@ -40,8 +51,10 @@ import jax.numpy as jnp
 from comprl_jax.models import paged_kernels
 from comprl_jax.models.config import ModelConfig
 
-# Logical axes of the dense KV cache arrays [L, B, S, Hkv, Dh] (for the sampler to place the cache on a mesh).
-CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+# Logical axes of the dense KV cache arrays (for the sampler to place the cache on a mesh).
+CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")  # k and v [L, B, S, Hkv, Dh]
+K_AXES_CPU = ("layers", "batch", "kv_heads", "head_dim", "cache_length")  # keys_last: k [L, B, Hkv, Dh, S]
+V_AXES_CPU = ("layers", "batch", "kv_heads", "cache_length", "head_dim")  # and v [L, B, Hkv, S, Dh]
 # The paged pool [L, P, page, Hkv, Dh]: pages are not rows, so they are not split over the batch axes.
 PAGED_AXES = ("layers", "kv_heads", None, None, "head_dim")
 PAGE_SIZE = 64  # positions per page (SamplerService(page_size=...)); a window is a whole number of pages
@@ -52,23 +65,34 @@ class KVCache:
     """Dense KV cache pytree.
 
     Attributes:
-      k, v: ``[L, B, S, Hkv, Dh]`` keys (after RoPE) and values; slot ``s`` of row ``b`` holds position ``s``.
+      k, v: ``[L, B, S, Hkv, Dh]`` keys (after RoPE) and values; with ``keys_last`` (the CPU layout, see the
+        module docstring) ``k [L, B, Hkv, Dh, S]`` and ``v [L, B, Hkv, S, Dh]``. Slot ``s`` of row ``b`` holds
+        position ``s``.
       lengths: ``[B]`` int32, number of filled slots per row.
+      keys_last: static; which layout ``k`` and ``v`` have.
     """
 
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
+    keys_last: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def capacity(self) -> int:
         """Positions per row the cache can hold (static)."""
-        return int(self.k.shape[2])
+        return int(self.k.shape[4] if self.keys_last else self.k.shape[2])
+
+    @property
+    def axes(self) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
+        """Logical axes of ``k`` and ``v`` (for the sampler to place the cache on a mesh)."""
+        return (K_AXES_CPU, V_AXES_CPU) if self.keys_last else (CACHE_AXES, CACHE_AXES)
 
     def window(self, w: int | None) -> KVCache:
         """The first ``w`` positions of every row (a copy; ``None`` or ``w >= S``: the cache itself)."""
         if w is None or w >= self.capacity:
             return self
+        if self.keys_last:
+            return self.replace(k=self.k[..., :w], v=self.v[:, :, :, :w])
         return self.replace(k=self.k[:, :, :w], v=self.v[:, :, :w])
 
     def unwindow(self, view: KVCache) -> KVCache:
@@ -123,11 +147,29 @@ class PagedKVCache:
         return view.replace(pages=self.pages)
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype."""
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+def init_cache(
+    cfg: ModelConfig, batch: int, max_len: int, dtype=None, keys_last: bool | None = None
+) -> KVCache:
+    """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype.
+    ``keys_last`` (default: whether the cache is built for CPU, :func:`comprl_jax.models.attention.target_platform`:
+    the ambient mesh's devices, else the default backend) picks the CPU layout (see :class:`KVCache`)."""
+    if keys_last is None:
+        from comprl_jax.models.attention import target_platform
+
+        keys_last = target_platform() == "cpu"
+    L, h, d = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     dt = jnp.dtype(dtype or cfg.dtype)
-    return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), lengths=jnp.zeros((batch,), jnp.int32))
+    ks, vs = (
+        ((L, batch, h, d, max_len), (L, batch, h, max_len, d))
+        if keys_last
+        else ((L, batch, max_len, h, d),) * 2
+    )
+    return KVCache(
+        k=jnp.zeros(ks, dt),
+        v=jnp.zeros(vs, dt),
+        lengths=jnp.zeros((batch,), jnp.int32),
+        keys_last=bool(keys_last),
+    )
 
 
 def init_paged_cache(
@@ -147,13 +189,20 @@ def init_paged_cache(
     )
 
 
-def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, bool]:
+# context()'s k and v dims as einsum letters (b row, k KV head, s position, d Dh), per cache layout
+DENSE_SPECS = ("bskd", "bskd")
+DENSE_SPECS_CPU = ("bkds", "bksd")  # KVCache.keys_last
+PAGED_SPECS = ("kbsd", "kbsd")
+
+
+def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, tuple[str, str]]:
     """Layer ``layer``'s cached keys and values per row and which positions hold a token.
 
     Returns:
-      ``(k, v, valid [B, S] bool, heads_first)``: dense: ``k, v [B, S, Hkv, Dh]`` (a view of the cache, ``S`` its
-      window), ``heads_first`` False; paged: ``[Hkv, B, S, Dh]`` gathered from the pool (``S`` = the page table's
-      columns x page size), ``heads_first`` True.
+      ``(k, v, valid [B, S] bool, specs)``, ``specs`` the dims of ``k`` and ``v`` as einsum letters: dense:
+      ``[B, S, Hkv, Dh]`` each (views of the cache, ``S`` its window), :data:`DENSE_SPECS`, or with ``keys_last``
+      ``k [B, Hkv, Dh, S]``, ``v [B, Hkv, S, Dh]``, :data:`DENSE_SPECS_CPU`; paged: ``[Hkv, B, S, Dh]`` each,
+      gathered from the pool (``S`` = the page table's columns x page size), :data:`PAGED_SPECS`.
     """
     if isinstance(cache, PagedKVCache):
         b, w = cache.pages.shape
@@ -164,12 +213,13 @@ def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, b
             return got.reshape(pool.shape[0], b, w * ps, pool.shape[-1])
 
         k, v = gather(cache.k[layer]), gather(cache.v[layer])
-        s, heads_first = k.shape[2], True
+        s, specs = k.shape[2], PAGED_SPECS
     else:
         k, v = cache.k[layer], cache.v[layer]
-        s, heads_first = k.shape[1], False
+        specs = DENSE_SPECS_CPU if cache.keys_last else DENSE_SPECS
+        s = v.shape[specs[1].index("s")]
     valid = jnp.arange(s)[None, :] < cache.lengths[:, None]
-    return k, v, valid, heads_first
+    return k, v, valid, specs
 
 
 def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written=None):
@@ -199,20 +249,25 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
             inserted_window_dims=(2, 3),  # one page, one offset
             scatter_dims_to_operand_dims=(2, 3),
         )
+        dims_k = dims_v = dims
     else:
         idx = jnp.where(valid, pos, cache.capacity)[..., None]  # [B, T, 1]; past the cache: dropped
-        dims = jax.lax.ScatterDimensionNumbers(
-            update_window_dims=(2, 3, 4),  # L, Hkv, Dh
-            inserted_window_dims=(2,),  # one slot
-            scatter_dims_to_operand_dims=(2,),
-            # Row b of the cache takes row b's indices and updates: with rows sharded over the batch axes each
-            # device writes its own rows (explicit row indices made the SPMD partitioner all-gather the updates).
-            operand_batching_dims=(1,),
-            scatter_indices_batching_dims=(0,),
-        )
+
+        def slot_dims(s_axis: int):  # the slot's axis: 2 ([L, B, S, Hkv, Dh]); keys_last: 4 in k, 3 in v
+            return jax.lax.ScatterDimensionNumbers(
+                update_window_dims=(2, 3, 4),  # L, Hkv, Dh
+                inserted_window_dims=(s_axis,),  # one slot
+                scatter_dims_to_operand_dims=(s_axis,),
+                # Row b of the cache takes row b's indices and updates: with rows sharded over the batch axes each
+                # device writes its own rows (explicit row indices made the SPMD partitioner all-gather them).
+                operand_batching_dims=(1,),
+                scatter_indices_batching_dims=(0,),
+            )
+
+        dims_k, dims_v = (slot_dims(4), slot_dims(3)) if cache.keys_last else (slot_dims(2), slot_dims(2))
     mode = jax.lax.GatherScatterMode.FILL_OR_DROP
-    k = jax.lax.scatter(cache.k, idx, upd_k.astype(cache.k.dtype), dims, mode=mode)
-    v = jax.lax.scatter(cache.v, idx, upd_v.astype(cache.v.dtype), dims, mode=mode)
+    k = jax.lax.scatter(cache.k, idx, upd_k.astype(cache.k.dtype), dims_k, mode=mode)
+    v = jax.lax.scatter(cache.v, idx, upd_v.astype(cache.v.dtype), dims_v, mode=mode)
     return cache.replace(k=k, v=v, lengths=(cache.lengths + num_new).astype(jnp.int32))
 
 
@@ -224,7 +279,7 @@ def attention_over_cache(
     k_new: jax.Array,
     v_new: jax.Array,
     num_new: jax.Array,
-    heads_first: bool = False,
+    specs: tuple[str, str] = DENSE_SPECS,
 ) -> jax.Array:
     """Attention of new tokens to a row's cached context and, causally, to each other; nothing is written.
 
@@ -235,8 +290,8 @@ def attention_over_cache(
     :func:`comprl_jax.models.layers.attention` (query-chunked).
 
     Args:
-      q: ``[B, T, H, Dh]``. k_ctx, v_ctx: ``[B, S, Hkv, Dh]`` (``heads_first``: ``[Hkv, B, S, Dh]``, see
-        :func:`context`); ctx_valid: ``[B, S]`` bool.
+      q: ``[B, T, H, Dh]``. k_ctx, v_ctx: a layer's context from :func:`context`, with dims ``specs`` (einsum
+        letters); ctx_valid: ``[B, S]`` bool.
       k_new, v_new: ``[B, T, Hkv, Dh]``; num_new: ``[B]`` int32 valid new columns.
     Returns:
       ``[B, T, H * Dh]`` in ``q.dtype`` (rows of padding columns are meaningless).
@@ -247,15 +302,15 @@ def attention_over_cache(
     s = ctx_valid.shape[1]
     new_valid = jnp.arange(t)[None, :] < num_new[:, None]
     if t > 1:
-        if heads_first:  # a prefill: the context once into the row-major layout (its cost is the prefill's)
-            k_ctx, v_ctx = (jnp.transpose(x, (1, 2, 0, 3)) for x in (k_ctx, v_ctx))
+        # a prefill: the context once into the row-major layout (its cost is the prefill's)
+        k_ctx, v_ctx = (jnp.einsum(f"{spec}->bskd", x) for spec, x in zip(specs, (k_ctx, v_ctx), strict=True))
         k = jnp.concatenate([k_ctx, k_new.astype(k_ctx.dtype)], axis=1)
         v = jnp.concatenate([v_ctx, v_new.astype(v_ctx.dtype)], axis=1)
         q_pos = s + jnp.arange(t, dtype=jnp.int32)[None, :]
         return L.attention(q, k, v, q_pos, jnp.concatenate([ctx_valid, new_valid], axis=1))
-    hkv = k_ctx.shape[0] if heads_first else k_ctx.shape[2]
+    hkv = k_ctx.shape[specs[0].index("k")]
     f32 = jnp.float32
-    kspec = "kbsd" if heads_first else "bskd"
+    kspec, vspec = specs
     qg = q.reshape(b, hkv, h // hkv, dh).astype(f32)  # [B, Hkv, G, Dh]
     scale = dh**-0.5
     # The cache's dtype meets q's in the dot with a float32 accumulator (no float32 copy of the context).
@@ -268,7 +323,7 @@ def attention_over_cache(
     p_ctx = jnp.exp(s_ctx - m[..., None])
     p_new = jnp.exp(s_new - m)
     den = jnp.sum(p_ctx, axis=-1) + p_new
-    o = jnp.einsum(f"bkgs,{kspec}->bkgd", p_ctx, v_ctx.astype(f32))
+    o = jnp.einsum(f"bkgs,{vspec}->bkgd", p_ctx, v_ctx.astype(f32))
     o = (o + p_new[..., None] * v_new[:, 0, :, None, :].astype(f32)) / den[..., None]
     return o.reshape(b, 1, h * dh).astype(q.dtype)
 

@@ -179,7 +179,7 @@ def enter(
     Args:
       cache: the ``B``-slot KV cache (dense, or paged: then the host has given every entering slot its pages in
         the page table, a parked row's included); state: their :class:`SlotState`.
-      park: None, or the parking store (a ``[L, P, S, ...]`` cache with the same ``S``) that parked rows come from
+      park: None, or the parking store (a dense cache of ``P`` rows with the same ``S``) that parked rows come from
         (dense only).
       slots: ``[n]`` int32 slot per entering row (``B`` = padding row, ignored).
       tokens: ``[n, T]`` int32 input, right-padded; num_new: ``[n]`` valid columns (>= 1 for real rows).
@@ -463,7 +463,7 @@ class SlotBatch:
         self.lengths = np.zeros(self.B, np.int64)  # host mirror of cache.lengths (an upper bound mid-reply)
         self.reserved = np.zeros(self.B, np.int64)  # the most positions the row's current reply may reach
         self.replying: set[int] = set()
-        self.park_store = None  # KVCache [L, P, S, ...] once a row was parked
+        self.park_store = None  # a dense KVCache of park rows once a row was parked
         self.park_lengths = np.zeros(0, np.int64)
         self.park_free: list[int] = []
         self.parked = 0  # rows moved into the store so far
@@ -493,7 +493,7 @@ class SlotBatch:
         if need > self.cache_len:
             size = min(self.max_len, bucket(need, minimum=self.min_window))
             self.cache = self.svc.grow_cache(self.cache, size)
-        if self.park_store is not None and self.park_store.k.shape[2] < self.cache_len:
+        if self.park_store is not None and self.park_store.capacity < self.cache_len:
             self.park_store = self.svc.grow_cache(self.park_store, self.cache_len)
 
     def _reserve_pages(self, needs: dict[int, int]) -> None:

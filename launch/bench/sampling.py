@@ -303,7 +303,10 @@ def _filled_cache(svc, cfg, rows: int, alloc: int, ctx: int, live: int):
     else:
         cache = svc.new_cache(rows, alloc)
     k = jax.random.normal(key, cache.k.shape, cache.k.dtype)
-    return cache.replace(k=k, v=k * 0.5, lengths=jax.numpy.full((rows,), ctx, jax.numpy.int32))
+    v = jax.random.normal(
+        jax.random.fold_in(key, 1), cache.v.shape, cache.v.dtype
+    )  # (dense on CPU: another shape)
+    return cache.replace(k=k, v=v, lengths=jax.numpy.full((rows,), ctx, jax.numpy.int32))
 
 
 def main():
