@@ -2,7 +2,8 @@
 
 Layer parameters are *stacked* along a leading ``layers`` axis and the forward pass is one ``lax.scan``: compile
 time stays flat in depth (28-36 layers for the real models) and the dense KV cache is one array per k / v
-(``[L, B, Hkv, Dh, S]`` / ``[L, B, Hkv, S, Dh]``, ``models/kv_cache.py``). Every parameter carries logical axis names (``out_sharding=``) resolved by
+(``[L, B, S, Hkv, Dh]``; on CPU ``[L, B, Hkv, Dh, S]`` / ``[L, B, Hkv, S, Dh]``, ``models/kv_cache.py``). Every
+parameter carries logical axis names (``out_sharding=``) resolved by
 ``comprl_jax.runtime.sharding.DEFAULT_RULES``. Weight matrices are stored ``[in, out]`` (HF stores ``[out, in]``;
 ``hf_io`` transposes on the way in and out).
 
@@ -399,7 +400,7 @@ def extend(
     write, and the new keys and values are written after the last layer (``models/kv_cache.py``).
 
     Args:
-      cache: a dense :class:`KVCache` (``k [L, B, Hkv, Dh, S]``, ``v [L, B, Hkv, S, Dh]``) or a :class:`PagedKVCache` (page pool + page
+      cache: a dense :class:`KVCache` (``[L, B, S, Hkv, Dh]``, or its CPU layout) or a :class:`PagedKVCache` (page pool + page
         table; the host assigns the pages the new positions need). tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
       logits_at: optional ``[B]`` int32 column per row (clipped to ``[0, T)``); when given, only those columns go
         through the output head (a sampler needs one position per row, e.g. ``num_new - 1``).

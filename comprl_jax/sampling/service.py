@@ -120,7 +120,7 @@ class SamplerService:
         (halving the group while ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
         buffers scale with the group: SmolLM2 at 32 rows x 2k tokens needs 4.4 GiB of XLA temp in one group and
         1.8 GiB in groups of 8 rows (``tests/test_sampling_memory.py``). Turns of a few hundred tokens are one group.
-      kv_cache: "dense" (``[L, B, Hkv, Dh, S]`` and ``[L, B, Hkv, S, Dh]``, rows grow together) or "paged" (a page pool and a page table per
+      kv_cache: "dense" (``[L, B, S, Hkv, Dh]``, on CPU ``KVCache.keys_last``; rows grow together) or "paged" (a page pool and a page table per
         row, ``models/kv_cache.py``): a :class:`Conversation` then allocates pages to the tokens its rows hold
         (:class:`~comprl_jax.sampling.pages.PageTable`), and each step gathers the pages of the live window. Same
         tokens and log-probabilities either way. :meth:`new_cache` gives a paged cache with every page assigned.
@@ -468,7 +468,7 @@ class Conversation:
 
     The cache starts at ``min(max_len, 256)`` slots per row and grows to the next power of two (capped at
     ``max_len``) when a turn needs more, so its memory follows the longest live context, not ``max_len``:
-    ``[L, B, Hkv, Dh, S]`` and ``[L, B, Hkv, S, Dh]`` in the model's dtype (SmolLM2, 32 rows: 1.5 GB per 1,024 slots in float32;
+    ``[L, B, S, Hkv, Dh]`` (or the CPU layout, the same size) twice in the model's dtype (SmolLM2, 32 rows: 1.5 GB per 1,024 slots in float32;
     12 GB at ``max_len`` 8,192). Growing copies the cache once per bucket (at most ``log2(max_len / 256)``
     times per conversation) and a turn compiles once per cache length, as the attention window did before.
     """
