@@ -27,7 +27,9 @@ Functions (``--functions``, comma list; default: the first four):
                      one decode step.
   extractor_prefill, extractor_decode   the same for the extractor's generation (distillation): rows =
                      ``extractor.rows_per_call`` (0 = one per episode), prompt 16,384 tokens (``transcript_chars`` of
-                     60,000 at ~4 characters per token, bucketed), cache ``extractor.max_context``.
+                     60,000 at ~4 characters per token, bucketed), cache ``extractor.max_context``; a fresh
+                     prefill (``extend(fresh=True)``: the cache is empty, the prompt attends among its own tokens
+                     through ``extractor.attention``), as ``SamplerService.generate`` runs it.
   actor_logprobs, extractor_logprobs    ``make_logprob_fn`` (pi_old before the first step: the extractor always, the
                      actor with ``actor.updates_per_batch > 1``) over the step's rows.
 
@@ -62,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import json
@@ -543,9 +546,14 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
     groups = prefill_groups(rows, width, batch_devices(mesh))
     graphdef = role.graphdef
 
+    # The extractor generates from an empty cache (SamplerService.generate: a fresh prefill, the forward's causal
+    # attention); the actor's first turn enters a rollout cache (the context path).
+    fresh = role.name == "extractor"
+    extend = functools.partial(decoder.extend, fresh=True) if fresh else decoder.extend
+
     def fn(params, cache, tokens, num_new):
         last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
-        return decode_lib.prefill(graphdef, params, cache, tokens, num_new, last, decoder.extend, groups)
+        return decode_lib.prefill(graphdef, params, cache, tokens, num_new, last, extend, groups)
 
     sh = shd.named_sharding(mesh, ("batch",))
     a = (
@@ -554,7 +562,13 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
         sds((rows, width), "int32", sh),
         sds((rows,), "int32", sh),
     )
-    shapes = {"rows": rows, "prompt_len": width, "cache_len": role.seq_len, "prefill_groups": groups}
+    shapes = {
+        "rows": rows,
+        "prompt_len": width,
+        "cache_len": role.seq_len,
+        "prefill_groups": groups,
+        "fresh": fresh,
+    }
     return Lowerable(jax.jit(fn, donate_argnums=1), a, {}, mesh, shapes, role.name)
 
 
@@ -585,12 +599,14 @@ def decode_fn(c, args, role: RoleSetup) -> Lowerable:
         None,
         None,
     )
-    kw = dict(sp=sp, stop_ids=(1, 2), pad_id=0, window=None, prefill_groups=1)
+    fresh = role.name == "extractor"  # as prefill_fn: the extractor's turn starts on an empty cache
+    kw = dict(sp=sp, stop_ids=(1, 2), pad_id=0, window=None, prefill_groups=1, fresh=fresh)
     shapes = {
         "rows": rows,
         "input_len": DECODE_INPUT,
         "cache_len": role.seq_len,
         "max_new_tokens": sp.max_new_tokens,
+        "fresh": fresh,
     }
     return Lowerable(decode_lib.make_decode_fn(decoder.extend), a, kw, mesh, shapes, role.name)
 

@@ -189,6 +189,17 @@ _TPU_SCRIPT = textwrap.dedent(
             picked = attention.resolve(choice, jnp.bfloat16, cfg.head_dim)
             hlo = jax.jit(jax.value_and_grad(loss)).lower(ap, tok, msk).compile().as_text()
         out[choice] = {"picked": picked, "kernels": hlo.count("tpu_custom_call")}
+    # The sampler's prefill through the cache: fresh (an empty cache, SamplerService.generate) attends through
+    # the backend; the context path (a later turn) attends with the xla reference over cache + new keys.
+    cfg = ModelConfig.tiny("qwen3", attention="auto", dtype="bfloat16")
+    gd, ap = decoder.abstract_decoder(cfg)
+    n = jax.ShapeDtypeStruct((4,), jnp.int32)
+    for fresh in (True, False):
+        with jax.set_mesh(mesh):
+            cache = jax.eval_shape(lambda: decoder.init_cache(cfg, 4, 256))
+            fn = lambda p, c, t, n: decoder.extend(gd, p, c, t, n, logits_at=n - 1, fresh=fresh)
+            hlo = jax.jit(fn).lower(ap, cache, tok, n).compile().as_text()
+        out[f"prefill_fresh_{fresh}"] = hlo.count("tpu_custom_call")
     print("RESULT " + json.dumps(out))
     """
 )
@@ -197,7 +208,8 @@ _TPU_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_splash_compiles_for_v5p_and_auto_picks_it():
     """Forward + gradient of a tiny decoder compiled for v5p:2x2x1 (4 chips, rows split over fsdp=4 in
-    shard_map): the Mosaic kernels are in the HLO, and ``auto`` picks splash for that mesh on this CPU host."""
+    shard_map): the Mosaic kernels are in the HLO, and ``auto`` picks splash for that mesh on this CPU host. A
+    fresh prefill (``extend(fresh=True)``) runs splash too; a prefill onto context does not."""
     libtpu = libtpu_path()
     if libtpu is None:
         pytest.skip("libtpu is not importable (`make libtpu` installs it into .libtpu/)")
@@ -212,3 +224,4 @@ def test_splash_compiles_for_v5p_and_auto_picks_it():
     assert out["splash"]["picked"] == "splash" and out["auto"]["picked"] == "splash"
     # forward, and the backward's recomputed forward + dq + dkv kernels
     assert out["splash"]["kernels"] >= 3 and out["auto"]["kernels"] == out["splash"]["kernels"]
+    assert out["prefill_fresh_True"] >= 1 and out["prefill_fresh_False"] == 0

@@ -87,6 +87,92 @@ def test_extend_through_the_cache_equals_the_forward(kind):
     np.testing.assert_array_equal(cache.lengths, [T] * B)
 
 
+@pytest.mark.parametrize("kind", ["dense", "paged"])
+def test_fresh_prefill_equals_attending_to_the_empty_cache(kind):
+    """``extend(..., fresh=True)`` on an empty cache (the new tokens attend among themselves, the forward's causal
+    bands: 1,024 columns are two 512-query chunks) gives the logits and the cache of the context path (which
+    attends to the cache's whole empty window as well), and both equal the uncached forward; ragged rows of
+    1,000, 37 and 1 tokens."""
+    cfg = ModelConfig.tiny("qwen3", vocab_size=512)
+    graphdef, params = init_decoder(cfg, seed=0)
+    rng = np.random.default_rng(3)
+    B, T, S = 3, 1024, 1088
+    n = np.array([1000, 37, 1], np.int32)
+    toks = np.zeros((B, T), np.int32)
+    for b in range(B):
+        toks[b, : n[b]] = rng.integers(1, cfg.vocab_size, n[b])
+    want = forward(
+        graphdef, params, toks, np.broadcast_to(np.arange(T), (B, T)), np.arange(T)[None] < n[:, None]
+    )
+
+    def empty():
+        if kind == "dense":
+            return D.init_cache(cfg, B, S)
+        cache = D.init_paged_cache(cfg, B, S, num_pages=3 * 17, page_size=64)
+        return cache.replace(pages=jnp.asarray(rng.permutation(3 * 17).reshape(3, 17), jnp.int32))
+
+    ext = jax.jit(D.extend, static_argnums=0, static_argnames="fresh")
+    cache = empty()
+    got = {fresh: ext(graphdef, params, cache, toks, jnp.asarray(n), fresh=fresh) for fresh in (False, True)}
+    for b in range(B):
+        np.testing.assert_allclose(got[True][0][b, : n[b]], want[b, : n[b]], atol=2e-6, rtol=0)
+        np.testing.assert_allclose(got[True][0][b, : n[b]], got[False][0][b, : n[b]], atol=2e-6, rtol=0)
+    np.testing.assert_array_equal(got[True][1].lengths, n)
+    for name in ("k", "v"):
+        np.testing.assert_allclose(
+            getattr(got[True][1], name), getattr(got[False][1], name), atol=2e-6, rtol=0
+        )
+    # A decode step on the fresh prefill's cache reads what it wrote: the next position's logits are the forward's.
+    nxt = rng.integers(1, cfg.vocab_size, (B, 1)).astype(np.int32)
+    lg, _ = ext(graphdef, params, got[True][1], nxt, jnp.ones((B,), jnp.int32))
+    seq = np.zeros((B, T + 1), np.int32)
+    for b in range(B):
+        seq[b, : n[b]], seq[b, n[b]] = toks[b, : n[b]], nxt[b, 0]
+    ref = forward(
+        graphdef, params, seq, np.broadcast_to(np.arange(T + 1), (B, T + 1)), np.ones((B, T + 1), bool)
+    )
+    np.testing.assert_allclose(lg[:, 0], np.asarray(ref)[np.arange(B), n], atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["dense", "paged"])
+def test_generate_prefills_fresh_and_samples_what_the_context_path_samples(kind):
+    """``SamplerService.generate`` (a fresh prefill, in 2 row groups here) samples the tokens, and the
+    log-probabilities, of the same turn run on a new cache through the context path (``run(fresh=False)``)."""
+    cfg = ModelConfig.tiny("qwen3", vocab_size=512)
+    graphdef, params = init_decoder(cfg, seed=0)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(2, cfg.vocab_size, k).tolist() for k in (300, 5, 120, 64)]
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0)
+    traced = []  # the `fresh` of every trace of the sampler's turn
+
+    def wrap(fn):
+        def traced_fn(*args, **kw):
+            traced.append(kw["fresh"])
+            return fn(*args, **kw)
+
+        return traced_fn
+
+    svc = SamplerService(
+        graphdef,
+        params,
+        cfg,
+        stop_token_ids=(),
+        pad_id=0,
+        kv_cache=kind,
+        page_size=16,
+        prefill_tokens=1100,
+        wrap=wrap,
+    )
+    assert svc.prefill_groups(4, 512) == 2
+    key = jax.random.key(7)
+    fresh = svc.generate(prompts, key, sp)
+    cache = svc.new_cache(svc.batch_bucket(4), 512 + 16)
+    ctx = svc.run(cache, prompts, [16] * 4, key, sp).to_numpy(4)
+    assert traced == [True, False]
+    np.testing.assert_array_equal(fresh.tokens, ctx.tokens)
+    np.testing.assert_allclose(fresh.logprobs, ctx.logprobs, atol=1e-5, rtol=0)
+
+
 MODELS = {
     "tiny": dict(vocab_size=512),
     "small": dict(

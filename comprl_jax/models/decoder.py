@@ -17,6 +17,7 @@ Pure API (graphdef static under jit):
   forward(..., return_aux=True) -> (logits, aux)                         (MoE: load-balancing loss, routing)
   extend(graphdef, params, cache, tokens, num_new) -> (logits, cache)   (prefill and decode through the cache)
   extend(..., logits_at=idx [B]) -> ([B, V] logits, cache)             (the sampler: only where a token is drawn)
+  extend(..., fresh=True)                                               (the first prefill of an empty cache)
 """
 
 from __future__ import annotations
@@ -270,21 +271,38 @@ class Decoder(nnx.Module):
         out = self._head(x, return_hidden, frozen_head=frozen_layers > 0)
         return (out, moe.aux_outputs(cfg, moe_stats)) if return_aux else out
 
-    def extend(self, cache, tokens: jax.Array, num_new: jax.Array, logits_at: jax.Array | None = None):
+    def extend(
+        self,
+        cache,
+        tokens: jax.Array,
+        num_new: jax.Array,
+        logits_at: jax.Array | None = None,
+        fresh: bool = False,
+    ):
         """See :func:`extend`."""
+        from comprl_jax.models import attention  # the backends of a fresh prefill (cfg.attention)
+
         cfg = self.cfg
         b, t = tokens.shape
         positions = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]; RoPE position = cache position
         valid = jnp.arange(t)[None, :] < num_new[:, None]
         cos, sin = L.rope_cos_sin(cfg, positions)
         # A paged cache's decode step on TPU / GPU: a Pallas paged-attention kernel ("tpu" / "gpu"); else None.
-        kernel = kv_cache.decode_kernel(cache, t)
+        kernel = None if fresh else kv_cache.decode_kernel(cache, t)
+        q_pos = jnp.arange(t, dtype=jnp.int32)[None, :]
 
         def body(carry, xs):
             x, pools = carry
             p, layer = xs
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            if kernel is None:
+            if fresh:
+                # An empty cache: the new tokens attend causally to each other only, as in a forward (causal
+                # bands, or the platform's flash kernel), not to the cache's empty window.
+                if cfg.attention == "xla":
+                    attn = L.attention(q, k, v, q_pos, valid, causal=True)
+                else:
+                    attn = attention.causal_attention(q, k, v, valid, None, backend=cfg.attention)
+            elif kernel is None:
                 # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
                 # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
                 k_ctx, v_ctx, ctx_valid, specs = kv_cache.context(cache, layer)
@@ -390,6 +408,7 @@ def extend(
     tokens: jax.Array,
     num_new: jax.Array,
     logits_at: jax.Array | None = None,
+    fresh: bool = False,
 ):
     """Appends ``tokens[b, :num_new[b]]`` to row ``b`` of the cache and returns their logits.
 
@@ -404,12 +423,16 @@ def extend(
         table; the host assigns the pages the new positions need). tokens: ``[B, T]`` int32. num_new: ``[B]`` int32.
       logits_at: optional ``[B]`` int32 column per row (clipped to ``[0, T)``); when given, only those columns go
         through the output head (a sampler needs one position per row, e.g. ``num_new - 1``).
+      fresh: static; the caller promises the cache is empty (every ``lengths`` 0, e.g. just made by
+        ``init_cache``): the new tokens then attend causally to each other only (the forward's attention, with its
+        causal bands or the platform's flash kernel) instead of to the cache's whole window plus themselves, whose
+        empty slots a long prefill would otherwise pay for. Same logits and cache; wrong if a row has context.
     Returns:
       ``(logits [B, T, V] float32, cache)`` with ``lengths += num_new``; with ``logits_at``, logits ``[B, V]``
       (row ``b``'s logits at column ``logits_at[b]``, equal to the full call's ``logits[b, logits_at[b]]``).
     """
     model = nnx.merge(graphdef, params)
-    return model.extend(cache, tokens, num_new, logits_at)
+    return model.extend(cache, tokens, num_new, logits_at, fresh)
 
 
 def count_params(params) -> int:

@@ -128,9 +128,21 @@ class MeshSampler(SamplerService):
     process reads its own full copy; the KV cache stays sharded)."""
 
     def run(
-        self, cache, rows, max_new, key, sp, stop_strings=(), constraint=None, context_need=None, key_ids=None
+        self,
+        cache,
+        rows,
+        max_new,
+        key,
+        sp,
+        stop_strings=(),
+        constraint=None,
+        context_need=None,
+        key_ids=None,
+        fresh=False,
     ):
-        res = super().run(cache, rows, max_new, key, sp, stop_strings, constraint, context_need, key_ids)
+        res = super().run(
+            cache, rows, max_new, key, sp, stop_strings, constraint, context_need, key_ids, fresh
+        )
         if not dist.multi() or self.mesh is None:
             return res
         rep = NamedSharding(self.mesh, PartitionSpec())

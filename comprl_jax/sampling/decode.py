@@ -13,6 +13,7 @@ prepends it to the next turn's input.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -71,6 +72,7 @@ def decode(
     extend_fn: Any,
     window: int | None = None,
     prefill_groups: int = 1,
+    fresh: bool = False,
 ) -> GenerationResult:
     """Prefill + decode for one turn. Pure; jit it with the keyword-only arguments static.
 
@@ -96,6 +98,8 @@ def decode(
         scales with the live context, not with the cache's capacity.
       prefill_groups: static; the input goes through the model in this many row groups (a divisor of B), which
         bounds the prefill's attention buffers to ``B / prefill_groups`` rows (see :func:`prefill`).
+      fresh: static; the cache is empty (every row's length 0, as :meth:`SamplerService.generate` makes it): the
+        prefill attends among the new tokens only (``extend_fn(..., fresh=True)``), not to the empty window.
     Returns:
       A :class:`GenerationResult` with device arrays and the updated cache.
     """
@@ -109,7 +113,8 @@ def decode(
     # Only each row's last valid input column goes through the output head (the distribution of its first new
     # token): full [B, T, V] float32 logits of a 32 x 2k prefill are 12 GiB for SmolLM2's 49k vocabulary.
     last = jnp.clip(num_new - 1, 0, tokens.shape[1] - 1)
-    first_logits, cache = prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, prefill_groups)
+    pf = functools.partial(extend_fn, fresh=True) if fresh else extend_fn
+    first_logits, cache = prefill(graphdef, params, cache, tokens, num_new, last, pf, prefill_groups)
     first_logits = first_logits.astype(jnp.float32)
 
     def emit(c, step_logits):
@@ -321,6 +326,7 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
         pad_id,
         window=None,
         prefill_groups=1,
+        fresh=False,
     ):
         return decode(
             graphdef,
@@ -338,6 +344,7 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
             extend_fn=extend_fn,
             window=window,
             prefill_groups=prefill_groups,
+            fresh=fresh,
         )
 
     if wrap is not None:
@@ -345,6 +352,6 @@ def make_decode_fn(extend_fn: Any, wrap: Any = None):
     return jax.jit(
         fn,
         static_argnums=(0,),
-        static_argnames=("sp", "stop_ids", "pad_id", "window", "prefill_groups"),
+        static_argnames=("sp", "stop_ids", "pad_id", "window", "prefill_groups", "fresh"),
         donate_argnums=(2,),
     )

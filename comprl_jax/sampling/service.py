@@ -312,6 +312,7 @@ class SamplerService:
         constraint: TokenAutomaton | None = None,
         context_need: int | None = None,
         key_ids: Sequence[tuple[int, int]] | None = None,
+        fresh: bool = False,
     ) -> GenerationResult:
         """One jitted turn on an existing cache (its batch dim ``Bp >= len(rows)``); returns device arrays.
 
@@ -322,6 +323,9 @@ class SamplerService:
         ``key_ids``: ``(a, b)`` per row: row ``i`` samples with its own key ``fold_in(fold_in(key, a), b)``
         (:func:`~comprl_jax.sampling.decode.row_keys`, as the slot engine does), so its tokens depend on its
         context and ids only, not on the batch; default: one key for the batch.
+        ``fresh``: the cache is empty (every row's length 0, e.g. just made by :meth:`new_cache`); the prompt then
+        attends among its own tokens only, not to the cache's empty slots (``decode(fresh=True)``). Wrong logits if
+        a row has context.
         """
         Bp = cache.lengths.shape[0]
         if len(rows) > Bp:
@@ -352,18 +356,31 @@ class SamplerService:
             window = None if window >= S else window
         with self._lock, self._mesh_ctx():
             args = (self._put(toks), self._put(num_new), self._put(mx), key, stops, constraint)
-            return self._fn(self.graphdef, self.params, cache, *args, **self._static(sp, window, Bp, T))
+            return self._fn(
+                self.graphdef, self.params, cache, *args, **self._static(sp, window, Bp, T, fresh)
+            )
 
-    def _static(self, sp: SamplingParams, window, rows: int, width: int) -> dict:
+    def _static(self, sp: SamplingParams, window, rows: int, width: int, fresh: bool = False) -> dict:
         return dict(
             sp=sp,
             stop_ids=self.stop_token_ids,
             pad_id=self.pad_id,
             window=window,
             prefill_groups=self.prefill_groups(rows, width),
+            fresh=fresh,
         )
 
-    def lower(self, cache, width: int, key, sp: SamplingParams, stops=None, constraint=None, window=None):
+    def lower(
+        self,
+        cache,
+        width: int,
+        key,
+        sp: SamplingParams,
+        stops=None,
+        constraint=None,
+        window=None,
+        fresh: bool = False,
+    ):
         """The jitted turn of :meth:`run` lowered (AOT, nothing runs) for a cache (arrays or abstract, e.g.
         ``jax.ShapeDtypeStruct`` with shardings) and ``width`` new input tokens per row, under the sampler's mesh
         and with its weights' layout. ``launch/compile_check.py`` and the HLO tests compile what it returns."""
@@ -388,7 +405,7 @@ class SamplerService:
                 key,
                 stops,
                 constraint,
-                **self._static(sp, window, rows, width),
+                **self._static(sp, window, rows, width, fresh),
             )
 
     def generate(
@@ -417,7 +434,7 @@ class SamplerService:
         mx = _per_row(max_new, B, sp.max_new_tokens)
         T = bucket(max(len(p) for p in prompts), minimum=16)
         cache = self.new_cache(self.batch_bucket(B), T + sp.max_new_tokens)
-        return self.run(cache, prompts, mx, key, sp, stop_strings, constraint).to_numpy(B)
+        return self.run(cache, prompts, mx, key, sp, stop_strings, constraint, fresh=True).to_numpy(B)
 
     def conversation(self, batch: int, max_len: int) -> Conversation:
         return Conversation(self, batch, max_len)
