@@ -131,6 +131,11 @@ class PagedKVCache:
         return int(self.k.shape[3])
 
     @property
+    def axes(self) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
+        """Logical axes of the ``k`` and ``v`` pools (no row axis: a page belongs to no row)."""
+        return PAGED_AXES, PAGED_AXES
+
+    @property
     def capacity(self) -> int:
         """Positions per row the page table can address (static)."""
         return int(self.pages.shape[1]) * self.page_size

@@ -44,29 +44,18 @@ def bucket(n: int, minimum: int = 8, multiple: int = 1) -> int:
 
 
 def cache_shardings(mesh, cfg, cache):
-    """Shardings of a KV cache pytree (arrays or ShapeDtypeStructs) on ``mesh``: dense ``[L, B, S, Hkv, Dh]`` (the
-    CPU layout: ``k [L, B, Hkv, Dh, S]``, ``v [L, B, Hkv, S, Dh]``) with rows over the batch axes and KV heads over
-    ``tensor`` when they divide; ``lengths [B]`` over the batch axes. A paged cache's pool ``[L, Hkv, P, page, Dh]`` splits only its KV heads (pages
-    belong to no row); its page table ``[B, W]`` follows the rows."""
+    """Shardings of a KV cache pytree (arrays or ShapeDtypeStructs) on ``mesh``, from the cache's logical axes
+    (``cache.axes``, whatever its layout): dense ``k`` / ``v`` with rows over the batch axes and KV heads over
+    ``tensor`` when they divide; ``lengths [B]`` over the batch axes. A paged cache's pool ``[L, Hkv, P, page, Dh]``
+    splits only its KV heads (pages belong to no row); its page table ``[B, W]`` follows the rows."""
     kv_ok = getattr(cfg, "num_kv_heads", 0) % mesh.shape.get("tensor", 1) == 0
-    heads = "kv_heads" if kv_ok else None
-    paged = hasattr(cache, "pages")
-    dense_spec = (
-        (None, "batch", heads, None, None)
-        if getattr(cache, "keys_last", False)
-        else (None, "batch", None, heads, None)
-    )
 
-    def spec(x):
-        if x.ndim == 1:  # lengths [B]
-            return shd.named_sharding(mesh, ("batch",))
-        if x.ndim == 2:  # page table [B, W]
-            return shd.named_sharding(mesh, ("batch", None))
-        if paged:  # pool [L, Hkv, P, page, Dh]
-            return shd.named_sharding(mesh, (None, heads, None, None, None))
-        return shd.named_sharding(mesh, dense_spec)
+    def named(axes):
+        return shd.named_sharding(mesh, tuple(None if a == "kv_heads" and not kv_ok else a for a in axes))
 
-    return jax.tree.map(spec, cache)
+    k_axes, v_axes = cache.axes
+    out = cache.replace(k=named(k_axes), v=named(v_axes), lengths=named(("batch",)))
+    return out.replace(pages=named(("batch", None))) if hasattr(cache, "pages") else out
 
 
 PREFILL_TOKENS = 16384  # SamplerService's default prefill_tokens
