@@ -190,6 +190,19 @@ def _split_frozen(segments, frozen_layers: int):
     return out
 
 
+def _causal_self_attention(cfg: ModelConfig, q, k, v, valid: jax.Array, segment_ids=None) -> jax.Array:
+    """Causal attention of a sequence to itself (a forward, or a prefill on an empty cache) by ``cfg.attention``:
+    ``xla`` (query chunks in causal bands; visibility rebuilt per chunk from column order and ``valid``,
+    ``layers.visible``, so no ``[B, T, T]`` mask), else the platform's kernel (``models.attention``: cudnn / splash,
+    or xla where none runs). q ``[B, T, H, Dh]``, k / v ``[B, T, Hkv, Dh]``, valid ``[B, T]`` -> ``[B, T, H * Dh]``."""
+    if cfg.attention == "xla":
+        q_pos = jnp.arange(q.shape[1], dtype=jnp.int32)[None, :]
+        return L.attention(q, k, v, q_pos, valid, causal=True, segment_ids=segment_ids)
+    from comprl_jax.models import attention  # the backends (cfg.attention)
+
+    return attention.causal_attention(q, k, v, valid, segment_ids, backend=cfg.attention)
+
+
 class Decoder(nnx.Module):
     """Decoder-only transformer. Use through :func:`forward` / :func:`extend` on ``nnx.split`` state."""
 
@@ -239,22 +252,14 @@ class Decoder(nnx.Module):
         segment_ids=None,
     ):
         """See :func:`forward`."""
-        from comprl_jax.models import attention  # the backends of this forward (cfg.attention)
-
         cfg = self.cfg
-        t = tokens.shape[1]
         cos, sin = L.rope_cos_sin(cfg, positions)
-        # Causal in column order among valid (mask) keys; positions only drive RoPE. No [B, T, T] mask: each
-        # attention chunk builds its own from these two vectors (layers.visible).
-        q_pos = jnp.arange(t, dtype=jnp.int32)[None, :]
+        # Causal in column order among valid (mask) keys; positions only drive RoPE.
         valid = mask.astype(bool)
 
         def body(x, p):
             q, k, v = _qkv(cfg, p, x, cos, sin)
-            if cfg.attention == "xla":
-                attn = L.attention(q, k, v, q_pos, valid, causal=True, segment_ids=segment_ids)
-            else:  # the platform's kernel (models.attention: cudnn / splash, or xla where none runs)
-                attn = attention.causal_attention(q, k, v, valid, segment_ids, backend=cfg.attention)
+            attn = _causal_self_attention(cfg, q, k, v, valid, segment_ids)
             x, stats = _finish(cfg, p, x, attn, valid)
             return constrain_batch(x), stats
 
@@ -280,8 +285,6 @@ class Decoder(nnx.Module):
         fresh: bool = False,
     ):
         """See :func:`extend`."""
-        from comprl_jax.models import attention  # the backends of a fresh prefill (cfg.attention)
-
         cfg = self.cfg
         b, t = tokens.shape
         positions = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]; RoPE position = cache position
@@ -289,7 +292,6 @@ class Decoder(nnx.Module):
         cos, sin = L.rope_cos_sin(cfg, positions)
         # A paged cache's decode step on TPU / GPU: a Pallas paged-attention kernel ("tpu" / "gpu"); else None.
         kernel = None if fresh else kv_cache.decode_kernel(cache, t)
-        q_pos = jnp.arange(t, dtype=jnp.int32)[None, :]
 
         def body(carry, xs):
             x, pools = carry
@@ -298,10 +300,7 @@ class Decoder(nnx.Module):
             if fresh:
                 # An empty cache: the new tokens attend causally to each other only, as in a forward (causal
                 # bands, or the platform's flash kernel), not to the cache's empty window.
-                if cfg.attention == "xla":
-                    attn = L.attention(q, k, v, q_pos, valid, causal=True)
-                else:
-                    attn = attention.causal_attention(q, k, v, valid, None, backend=cfg.attention)
+                attn = _causal_self_attention(cfg, q, k, v, valid)
             elif kernel is None:
                 # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
                 # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
