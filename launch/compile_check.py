@@ -530,6 +530,13 @@ def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):
     return jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), abstract, shardings)
 
 
+def starts_fresh(role: RoleSetup) -> bool:
+    """Whether the role's sampler turn starts on an empty cache (``extend(fresh=True)``): the extractor generates
+    from one (``SamplerService.generate``: a fresh prefill, the forward's causal attention); the actor's turns enter
+    a rollout cache (the context path)."""
+    return role.name == "extractor"
+
+
 def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
     import jax
     import jax.numpy as jnp
@@ -546,9 +553,7 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
     groups = prefill_groups(rows, width, batch_devices(mesh))
     graphdef = role.graphdef
 
-    # The extractor generates from an empty cache (SamplerService.generate: a fresh prefill, the forward's causal
-    # attention); the actor's first turn enters a rollout cache (the context path).
-    fresh = role.name == "extractor"
+    fresh = starts_fresh(role)
     extend = functools.partial(decoder.extend, fresh=True) if fresh else decoder.extend
 
     def fn(params, cache, tokens, num_new):
@@ -599,7 +604,7 @@ def decode_fn(c, args, role: RoleSetup) -> Lowerable:
         None,
         None,
     )
-    fresh = role.name == "extractor"  # as prefill_fn: the extractor's turn starts on an empty cache
+    fresh = starts_fresh(role)
     kw = dict(sp=sp, stop_ids=(1, 2), pad_id=0, window=None, prefill_groups=1, fresh=fresh)
     shapes = {
         "rows": rows,
