@@ -212,58 +212,81 @@ def block_size(t: int) -> int:
     return next(bs for bs in _BLOCKS if t % bs == 0)
 
 
-def _splash_kernel(heads: int, t: int, interpret: bool):
+def _splash_kernel(heads: int, t: int, interpret: bool, kv_len: int | None = None):
+    """The kernel for ``t`` queries over ``kv_len`` keys (default ``t``), the queries being the last ``t`` key
+    columns (``CausalMask`` offset ``kv_len - t``: query ``i`` sees keys ``<= kv_len - t + i``)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    bs = block_size(t)
+    kv_len = t if kv_len is None else kv_len
+    bq, bkv = block_size(t), block_size(kv_len)
     sizes = sa.BlockSizes(
-        block_q=bs,
-        block_kv=bs,
-        block_kv_compute=bs,
-        block_q_dkv=bs,
-        block_kv_dkv=bs,
-        block_kv_dkv_compute=bs,
-        block_q_dq=bs,
-        block_kv_dq=bs,
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        block_q_dkv=bq,
+        block_kv_dkv=bkv,
+        block_kv_dkv_compute=bkv,
+        block_q_dq=bq,
+        block_kv_dq=bkv,
     )
-    mask = sa.MultiHeadMask([sa.CausalMask((t, t)) for _ in range(heads)])
+    mask = sa.MultiHeadMask([sa.CausalMask((t, kv_len), offset=kv_len - t) for _ in range(heads)])
     return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def _splash_local(q, k, v, seg, interpret: bool):
-    """The kernel on local arrays: q ``[B, T, H, Dh]``, k/v ``[B, T, Hkv, Dh]``, seg ``[B, T]`` (T % 128 == 0)."""
+def _splash_local(q, k, v, q_seg, kv_seg, interpret: bool):
+    """The kernel on local arrays: q ``[B, T, H, Dh]``, k/v ``[B, S, Hkv, Dh]`` (``S >= T``, the queries being the
+    last ``T`` key columns), q_seg ``[B, T]``, kv_seg ``[B, S]`` (T and S multiples of 128)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
 
     b, t, h, dh = q.shape
     # Built per trace (not cached): its mask info becomes jnp arrays of the trace that builds it.
-    kernel = _splash_kernel(h, t, interpret)
+    kernel = _splash_kernel(h, t, interpret, kv_len=k.shape[1])
     qh = (q * jnp.asarray(dh**-0.5, q.dtype)).swapaxes(1, 2)  # [B, H, T, Dh]; the kernel does not scale
     kh, vh = k.swapaxes(1, 2), v.swapaxes(1, 2)
-    one = lambda q_, k_, v_, s_: kernel(q_, k_, v_, segment_ids=SegmentIds(q=s_, kv=s_))  # noqa: E731
-    out = jax.vmap(one)(qh, kh, vh, seg)  # [B, H, T, Dh]
+    one = lambda q_, k_, v_, qs, ks: kernel(q_, k_, v_, segment_ids=SegmentIds(q=qs, kv=ks))  # noqa: E731
+    out = jax.vmap(one)(qh, kh, vh, q_seg, kv_seg)  # [B, H, T, Dh]
     return out.swapaxes(1, 2)
+
+
+def _splash_sharded(fn, q, k, v, q_seg, kv_seg):
+    """``fn(q, k, v, q_seg, kv_seg)`` inside ``shard_map`` under an ambient mesh (GSPMD cannot partition the
+    custom call): rows over the ``batch`` axes, heads over ``tensor`` where they divide both head counts."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1 and not mesh.manual_axes:
+        b, _, h, _ = q.shape
+        rows = _axes(mesh, "batch", b)
+        heads = _axes(mesh, "heads", math.gcd(h, k.shape[2]))
+        qs = P(rows, None, heads, None)
+        fn = jax.shard_map(
+            fn, in_specs=(qs, qs, qs, P(rows, None), P(rows, None)), out_specs=qs, check_vma=False
+        )
+    return fn(q, k, v, q_seg, kv_seg)
+
+
+def _pad_columns(x, n: int, value=0):
+    """``x`` ``[B, T, ...]`` padded with ``value`` to ``n`` columns (axis 1)."""
+    if x.shape[1] == n:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (0, n - x.shape[1])
+    return jnp.pad(x, pad, constant_values=value)
 
 
 def splash_attention(q, k, v, mask, segment_ids=None, *, interpret: bool = False) -> jax.Array:
     """The splash kernel (causal + segment ids; padding = :data:`PAD_SEGMENT`), in ``shard_map`` under a mesh."""
     b, t, h, dh = q.shape
-    hkv = k.shape[2]
     seg = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids
     seg = jnp.where(mask, seg, PAD_SEGMENT)
-    tp = -(-t // _LANES) * _LANES
-    if tp != t:  # pad to whole 128-lane blocks: the padding is its own segment, sliced off below
-        pad = ((0, 0), (0, tp - t), (0, 0), (0, 0))
-        q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
-        seg = jnp.pad(seg, ((0, 0), (0, tp - t)), constant_values=PAD_SEGMENT)
+    tp = _lanes(t)  # whole 128-lane blocks: the padding is its own segment, sliced off below
+    q, k, v = (_pad_columns(x, tp) for x in (q, k, v))
+    seg = _pad_columns(seg, tp, PAD_SEGMENT)
     fn = functools.partial(_splash_local, interpret=interpret)
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1 and not mesh.manual_axes:
-        rows = _axes(mesh, "batch", b)
-        heads = _axes(mesh, "heads", math.gcd(h, hkv))
-        qs = P(rows, None, heads, None)
-        fn = jax.shard_map(fn, in_specs=(qs, qs, qs, P(rows, None)), out_specs=qs, check_vma=False)
-    out = fn(q, k, v, seg)[:, :t]
+    out = _splash_sharded(fn, q, k, v, seg, seg)[:, :t]
     return out.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def _lanes(n: int) -> int:
+    return -(-n // _LANES) * _LANES
 
 
 def _axes(mesh, logical: str, size: int):
@@ -275,3 +298,97 @@ def _axes(mesh, logical: str, size: int):
     if size % math.prod(mesh.shape[a] for a in axes):
         return None
     return spec[0]
+
+
+# ------------------------------------------------------------------------------------- a prefill onto cached context
+
+
+def context_attention(
+    q: jax.Array,
+    k_ctx: jax.Array,
+    v_ctx: jax.Array,
+    ctx_valid: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    new_valid: jax.Array,
+    *,
+    backend: str = "auto",
+    interpret: bool | None = None,
+) -> jax.Array:
+    """New tokens' attention to a row's cached context and, causally, to each other (a later turn's prefill).
+
+    Every cached position precedes every new token: query ``i`` sees the valid context keys and the valid new
+    keys ``j <= i`` (:func:`comprl_jax.models.kv_cache.attention_over_cache`'s ``T > 1`` case). The keys are laid
+    out as ``[context window (S) | new (T)]``, so the causal diagonal sits at the same offset ``S`` in every row
+    and each backend takes the row's holes as padding:
+
+    - ``xla``: :func:`comprl_jax.models.layers.attention` with ``q_pos = S + i`` (512-query chunks, f32 scores
+      ``[B, H, 512, S + T]`` per chunk: at a 32k window that is 1.8 GiB per row and chunk for 28 heads);
+    - ``splash``: the kernel with a ``CausalMask`` of offset ``S`` over ``[T, S + T]`` (both parts padded to
+      128 lanes), invalid keys and queries in :data:`PAD_SEGMENT` (every query still sees its own column);
+    - ``cudnn``: ``jax.nn.dot_product_attention`` with a ``[B, 1, T, S + T]`` boolean mask (the offset diagonal
+      and the holes are not expressible by sequence lengths; the mask is 1 byte per score, not the f32 scores of
+      every head), each query's own column always visible so no row is empty.
+
+    Args:
+      q: ``[B, T, H, Dh]``. k_ctx, v_ctx: ``[B, S, Hkv, Dh]``; ctx_valid ``[B, S]`` bool.
+      k_new, v_new: ``[B, T, Hkv, Dh]``; new_valid ``[B, T]`` bool.
+      backend: ``auto`` or one of :data:`BACKENDS` (``ModelConfig.attention``).
+      interpret: splash only, as in :func:`causal_attention`.
+    Returns:
+      ``[B, T, H * Dh]`` in ``q.dtype`` (rows of invalid queries are meaningless).
+    """
+    b, t, h, dh = q.shape
+    s = k_ctx.shape[1]
+    platform = target_platform()
+    name = resolve(backend, q.dtype, dh, platform)
+    if name == "splash":
+        return splash_context(
+            q, k_ctx, v_ctx, ctx_valid, k_new, v_new, new_valid,
+            interpret=platform != "tpu" if interpret is None else interpret,
+        )  # fmt: skip
+    dt = k_ctx.dtype
+    k = jnp.concatenate([k_ctx, k_new.astype(dt)], axis=1)
+    v = jnp.concatenate([v_ctx, v_new.astype(dt)], axis=1)
+    kv_valid = jnp.concatenate([ctx_valid, new_valid], axis=1)
+    if name == "cudnn":
+        return cudnn_context(q, k, v, kv_valid, s)
+    q_pos = s + jnp.arange(t, dtype=jnp.int32)[None, :]
+    return L.attention(q, k, v, q_pos, kv_valid)
+
+
+def cudnn_context(q, k, v, kv_valid, s: int, *, implementation: str = "cudnn") -> jax.Array:
+    """:func:`context_attention` by ``jax.nn.dot_product_attention`` with a boolean mask: q ``[B, T, H, Dh]`` are
+    the last ``T`` of the keys ``k / v [B, S + T, Hkv, Dh]`` (``kv_valid [B, S + T]``); ``implementation="xla"``
+    runs JAX's reference (the CPU tests)."""
+    b, t, h, dh = q.shape
+    j = jnp.arange(k.shape[1], dtype=jnp.int32)[None, None, :]
+    own = s + jnp.arange(t, dtype=jnp.int32)[None, :, None]
+    mask = (kv_valid[:, None, :] & (j <= own)) | (j == own)  # [B, T, S + T]
+    out = jax.nn.dot_product_attention(
+        q,
+        k.astype(q.dtype),
+        v.astype(q.dtype),
+        mask=mask[:, None],
+        scale=dh**-0.5,
+        implementation=implementation,
+    )
+    return out.reshape(b, t, h * dh).astype(q.dtype)
+
+
+def splash_context(q, k_ctx, v_ctx, ctx_valid, k_new, v_new, new_valid, *, interpret: bool = False):
+    """:func:`context_attention` by the splash kernel (arguments as there), in ``shard_map`` under a mesh."""
+    b, t, h, dh = q.shape
+    s = k_ctx.shape[1]
+    sp, tp = _lanes(s), _lanes(t)
+    seg = lambda valid: jnp.where(valid, 0, PAD_SEGMENT).astype(jnp.int32)  # noqa: E731
+    dt = q.dtype
+    k = jnp.concatenate([_pad_columns(k_ctx.astype(dt), sp), _pad_columns(k_new.astype(dt), tp)], axis=1)
+    v = jnp.concatenate([_pad_columns(v_ctx.astype(dt), sp), _pad_columns(v_new.astype(dt), tp)], axis=1)
+    kv_seg = jnp.concatenate(
+        [_pad_columns(seg(ctx_valid), sp, PAD_SEGMENT), _pad_columns(seg(new_valid), tp, PAD_SEGMENT)], axis=1
+    )
+    q_seg = _pad_columns(seg(new_valid), tp, PAD_SEGMENT)
+    fn = functools.partial(_splash_local, interpret=interpret)
+    out = _splash_sharded(fn, _pad_columns(q, tp), k, v, q_seg, kv_seg)[:, :t]
+    return out.reshape(b, t, h * dh).astype(q.dtype)

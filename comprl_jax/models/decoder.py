@@ -305,7 +305,9 @@ class Decoder(nnx.Module):
                 # Read the layer's context from the (loop-invariant) cache; the new keys and values leave the scan
                 # and are written once, after every layer (kv_cache.write: in place, no copy of the cache).
                 k_ctx, v_ctx, ctx_valid, specs = kv_cache.context(cache, layer)
-                attn = kv_cache.attention_over_cache(q, k_ctx, v_ctx, ctx_valid, k, v, num_new, specs)
+                attn = kv_cache.attention_over_cache(
+                    q, k_ctx, v_ctx, ctx_valid, k, v, num_new, specs, backend=cfg.attention
+                )
             else:
                 # The kernel attends to the pool only: the layer's new key / value go into the carried pools first.
                 pools = kv_cache.write_layer(cache, pools, layer, k, v, num_new)

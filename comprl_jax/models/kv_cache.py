@@ -285,14 +285,17 @@ def attention_over_cache(
     v_new: jax.Array,
     num_new: jax.Array,
     specs: tuple[str, str] = DENSE_SPECS,
+    backend: str = "xla",
 ) -> jax.Array:
     """Attention of new tokens to a row's cached context and, causally, to each other; nothing is written.
 
     Every cached position precedes every new token, so a query sees all valid context keys and the new keys at
     or before its own column (and ``< num_new``). One new token (a decode step) merges two softmax parts: the
     context's scores and its own key's, with a shared maximum, so the context is read once and never copied
-    next to the new key. Longer inputs (a prefill) concatenate context and new keys and go through
-    :func:`comprl_jax.models.layers.attention` (query-chunked).
+    next to the new key. Longer inputs (a prefill) go through the attention backend ``backend``
+    (``ModelConfig.attention``: :func:`comprl_jax.models.attention.context_attention`; ``xla`` concatenates
+    context and new keys into :func:`comprl_jax.models.layers.attention`, query-chunked; splash / cuDNN never
+    hold the f32 scores).
 
     Args:
       q: ``[B, T, H, Dh]``. k_ctx, v_ctx: a layer's context from :func:`context`, with dims ``specs`` (einsum
@@ -304,15 +307,15 @@ def attention_over_cache(
     from comprl_jax.models import layers as L
 
     b, t, h, dh = q.shape
-    s = ctx_valid.shape[1]
     new_valid = jnp.arange(t)[None, :] < num_new[:, None]
     if t > 1:
+        from comprl_jax.models import attention  # the backends (ModelConfig.attention)
+
         # a prefill: the context once into the row-major layout (its cost is the prefill's)
         k_ctx, v_ctx = (jnp.einsum(f"{spec}->bskd", x) for spec, x in zip(specs, (k_ctx, v_ctx), strict=True))
-        k = jnp.concatenate([k_ctx, k_new.astype(k_ctx.dtype)], axis=1)
-        v = jnp.concatenate([v_ctx, v_new.astype(v_ctx.dtype)], axis=1)
-        q_pos = s + jnp.arange(t, dtype=jnp.int32)[None, :]
-        return L.attention(q, k, v, q_pos, jnp.concatenate([ctx_valid, new_valid], axis=1))
+        return attention.context_attention(
+            q, k_ctx, v_ctx, ctx_valid, k_new, v_new, new_valid, backend=backend
+        )
     hkv = k_ctx.shape[specs[0].index("k")]
     f32 = jnp.float32
     kspec, vspec = specs
