@@ -90,14 +90,19 @@ def test_prefill_row_groups_same_results():
 
 
 def test_prefill_groups_by_hand():
-    """Halve while a group holds more than the budget, keeping each group a multiple of the batch shards: the
-    rule the service and launch/compile_check.py share. 256 rows x 2,048 tokens over 32 shards at 16,384 tokens:
-    8 groups (32 rows each; 16 would no longer split over 32 shards) -- compile_plans.jsonl's v5p-64 prefill."""
+    """Halve while a group's share of one batch shard holds more than the budget, keeping each group a multiple
+    of the batch shards: the rule the service and launch/compile_check.py share. 256 rows x 2,048 tokens over 32
+    shards at 16,384 tokens: one group (8 rows per shard fit); 512 rows: 2 groups."""
     from comprl_jax.sampling import PREFILL_TOKENS, prefill_groups
 
     assert (
         prefill_groups(8, 64, 256) == 2 and prefill_groups(8, 64, 64) == 8 and prefill_groups(8, 64, 0) == 1
     )
-    assert prefill_groups(8, 64, 64, multiple=4) == 2  # 8 rows over 4 shards: groups of 4, never of 2
-    assert prefill_groups(256, 2048, PREFILL_TOKENS, 32) == 8
+    assert prefill_groups(8, 64, 64, multiple=4) == 2  # 8 rows over 4 shards: 2 per shard, then 1 (64 tokens)
+    assert prefill_groups(8, 64, 128, multiple=4) == 1  # 2 rows x 64 per shard fit 128
+    # the budget is per batch shard: 8 rows x 2k per chip of a 32-shard mesh fit 16,384 tokens; 16 do not
+    assert (
+        prefill_groups(256, 2048, PREFILL_TOKENS, 32) == 1
+        and prefill_groups(512, 2048, PREFILL_TOKENS, 32) == 2
+    )
     assert prefill_groups(7, 64, 64) == 1  # an odd batch does not split

@@ -224,10 +224,12 @@ def advance_rows(tok, active, lengths, max_new, done, finish, cstate, sstate, st
 def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: int):
     """The turn's input through ``extend_fn``, ``groups`` row groups one after another (a ``fori_loop``).
 
-    Why: attention over a long input holds ``[rows, heads, QUERY_CHUNK, S]`` float32 scores per query chunk; for
-    32 rows x 2k tokens of SmolLM2 that is gigabytes. Groups bound it to ``rows / groups``. Group ``g`` is rows
-    ``g, g + groups, ...`` (strided), so on a mesh every device keeps its share of every group. Same values as one
-    call: rows are independent.
+    Why: attention over a long input holds ``[rows, heads, QUERY_CHUNK, S]`` float32 scores per query chunk on the
+    ``xla`` backend; for 32 rows x 2k tokens of SmolLM2 that is gigabytes. Groups bound it to ``rows / groups``.
+    Group ``g`` is rows ``g, g + groups, ...`` (strided), so on a mesh every device keeps its share of every
+    group. Same values as one call: rows are independent. The loop carries the cache, which on TPU makes XLA
+    hold a second copy of it in the loop's layout; ``service.prefill_groups`` asks for groups only where a
+    device's own rows exceed the budget.
 
     Returns:
       ``(logits [B, V] at column last[b], cache)``.

@@ -62,12 +62,19 @@ PREFILL_TOKENS = 16384  # SamplerService's default prefill_tokens
 
 
 def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, multiple: int = 1) -> int:
-    """Row groups for a turn's input of ``rows x width`` tokens: halved while a group exceeds ``prefill_tokens``
-    (0 = one group) and each half still holds a multiple of ``multiple`` (the mesh's batch shards)."""
+    """Row groups for a turn's input of ``rows x width`` tokens: halved while a group's share of one batch shard
+    (``rows / groups / multiple`` rows, ``multiple`` the mesh's batch shards) exceeds ``prefill_tokens`` tokens
+    (0 = one group) and each half still holds a multiple of ``multiple``.
+
+    The budget is per batch shard because the buffers it bounds are: each device holds its own rows' activations
+    and (``xla`` attention) scores. Groups run one after another in a loop that carries the cache, which on TPU
+    costs a second copy of it (the loop's layout; 7 GiB per v5p chip for the paper's actor), so a pod splits only
+    where a device's own rows exceed the budget (v5p-64 actor prefill, 128 rows x 2k onto a 32k cache, splash:
+    temp 12.8 -> 1.8 GiB; the ``xla`` backend too: 9.3 GiB)."""
     g = 1
     while (
         prefill_tokens
-        and (rows // g) * width > prefill_tokens
+        and (rows // g // multiple) * width > prefill_tokens
         and rows % (2 * g) == 0
         and (rows // (2 * g)) % multiple == 0
     ):
@@ -106,7 +113,7 @@ class SamplerService:
         (``extend(graphdef, params, cache, tokens, num_new, logits_at) -> ([B, V] logits, cache)``).
       wrap: optional decorator for the traced function (tests: ``chex.assert_max_traces(n=...)``).
       prefill_tokens: a turn's input goes through the model in row groups of at most this many (padded) tokens
-        (halving the group while ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
+        per batch shard (halving the group while a shard's ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
         buffers scale with the group: SmolLM2 at 32 rows x 2k tokens needs 4.4 GiB of XLA temp in one group and
         1.8 GiB in groups of 8 rows (``tests/test_sampling_memory.py``). Turns of a few hundred tokens are one group.
       kv_cache: "dense" (``[L, B, S, Hkv, Dh]``, on CPU ``KVCache.keys_last``; rows grow together) or "paged" (a page pool and a page table per
