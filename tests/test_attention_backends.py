@@ -134,27 +134,42 @@ def test_context_prefill_backends_match_by_hand(name, backend, monkeypatch):
     """Each backend's prefill onto context (splash in the interpreter, cudnn's mask and arguments through JAX's
     xla implementation) equals a numpy softmax over each valid query's visible keys; ragged context and new
     lengths, an empty context and a full one."""
+    fn = functools.partial(A.context_attention, backend=backend)
     if backend == "cudnn":
         monkeypatch.setattr(A, "resolve", lambda choice, *a, **k: choice)
         monkeypatch.setattr(A, "cudnn_context", functools.partial(A.cudnn_context, implementation="xla"))
+    if backend == "splash":  # the kernel itself: context_attention keeps xla below 128 new tokens
+        fn = functools.partial(A.splash_context, interpret=True)
     case = _context_case(*CONTEXT_CASES[name])
-    got = jax.jit(functools.partial(A.context_attention, backend=backend, interpret=True))(*case)
+    got = jax.jit(fn)(*case)
     want = _context_by_hand(*case)
     m = np.asarray(case[-1])[:, :, None]
     np.testing.assert_allclose(np.asarray(got) * m, want * m, atol=ATOL, rtol=RTOL)
     assert np.isfinite(np.asarray(got)).all()  # padding queries too: no empty softmax row
 
 
+def test_context_prefill_takes_the_kernel_from_128_new_tokens(monkeypatch):
+    """Below one 128-query block a prefill onto context keeps xla (a decode turn's first step); from 128 on it
+    runs the kernel."""
+    calls = []
+    monkeypatch.setattr(
+        A, "splash_context", lambda *a, **k: calls.append(a[0].shape[1]) or a[0].reshape(*a[0].shape[:2], -1)
+    )
+    for t in (16, 127, 128, 300):
+        A.context_attention(*_context_case(64, t, 2, 1, (10, 0), (t, 1)), backend="splash")
+    assert calls == [128, 300]
+
+
 @pytest.mark.parametrize("kind", ["dense", "paged"])
 def test_decoder_context_prefill_through_splash_equals_xla(kind):
-    """A tiny Qwen3 (GQA 4 / 2): a ragged prompt, then a second ragged turn onto it (one row adds nothing):
-    splash (interpreter) gives the xla reference's logits on valid columns and the same cache."""
+    """A tiny Qwen3 (GQA 4 / 2): a ragged prompt, then a second ragged turn of up to 130 tokens onto it (one row
+    adds nothing): splash (interpreter) gives the xla reference's logits on valid columns and the same cache."""
     rng = np.random.default_rng(5)
-    B, S = 3, 160
-    first, second = np.array([40, 3, 17]), np.array([25, 0, 30])
+    B, S, T = 3, 192, 130  # T >= 128: context_attention takes the kernel
+    first, second = np.array([40, 3, 17]), np.array([130, 0, 101])
     toks1 = rng.integers(1, 256, (B, 40)).astype(np.int32)
-    toks2 = rng.integers(1, 256, (B, 30)).astype(np.int32)
-    pages = jnp.asarray(rng.permutation(3 * 10).reshape(3, 10), jnp.int32)
+    toks2 = rng.integers(1, 256, (B, T)).astype(np.int32)
+    pages = jnp.asarray(rng.permutation(3 * 12).reshape(3, 12), jnp.int32)
     got = {}
     for name in ("xla", "splash"):
         cfg = ModelConfig.tiny("qwen3", attention=name, vocab_size=256)
@@ -162,12 +177,12 @@ def test_decoder_context_prefill_through_splash_equals_xla(kind):
         if kind == "dense":
             cache = decoder.init_cache(cfg, B, S)
         else:
-            cache = decoder.init_paged_cache(cfg, B, S, num_pages=30, page_size=16).replace(pages=pages)
+            cache = decoder.init_paged_cache(cfg, B, S, num_pages=36, page_size=16).replace(pages=pages)
         ext = jax.jit(functools.partial(decoder.extend, gd))
         _, cache = ext(params, cache, toks1, jnp.asarray(first))
         logits, cache = ext(params, cache, toks2, jnp.asarray(second))
         got[name] = (np.asarray(logits), cache)
-    m = (np.arange(30)[None] < second[:, None])[:, :, None]
+    m = (np.arange(T)[None] < second[:, None])[:, :, None]
     np.testing.assert_allclose(got["splash"][0] * m, got["xla"][0] * m, atol=ATOL, rtol=RTOL)
     np.testing.assert_array_equal(got["splash"][1].lengths, first + second)
     for field in ("k", "v"):

@@ -325,7 +325,10 @@ def context_attention(
     - ``xla``: :func:`comprl_jax.models.layers.attention` with ``q_pos = S + i`` (512-query chunks, f32 scores
       ``[B, H, 512, S + T]`` per chunk: at a 32k window that is 1.8 GiB per row and chunk for 28 heads);
     - ``splash``: the kernel with a ``CausalMask`` of offset ``S`` over ``[T, S + T]`` (both parts padded to
-      128 lanes), invalid keys and queries in :data:`PAD_SEGMENT` (every query still sees its own column);
+      128 lanes), invalid keys and queries in :data:`PAD_SEGMENT` (every query still sees its own column).
+      Inputs shorter than 128 tokens keep ``xla``: the kernel would pad them to a 128-query block, and their
+      f32 scores are smaller than the kernel's head-major copy of the window (a decode turn's 16-token first
+      step onto a 32k cache: temp 0.16 GiB on ``xla``, 0.64 through the kernel, ``tests/test_compile_check.py``);
     - ``cudnn``: ``jax.nn.dot_product_attention`` with a ``[B, 1, T, S + T]`` boolean mask (the offset diagonal
       and the holes are not expressible by sequence lengths; the mask is 1 byte per score, not the f32 scores of
       every head), each query's own column always visible so no row is empty.
@@ -342,7 +345,7 @@ def context_attention(
     s = k_ctx.shape[1]
     platform = target_platform()
     name = resolve(backend, q.dtype, dh, platform)
-    if name == "splash":
+    if name == "splash" and t >= _LANES:
         return splash_context(
             q, k_ctx, v_ctx, ctx_valid, k_new, v_new, new_valid,
             interpret=platform != "tpu" if interpret is None else interpret,
