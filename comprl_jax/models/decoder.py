@@ -283,6 +283,7 @@ class Decoder(nnx.Module):
         num_new: jax.Array,
         logits_at: jax.Array | None = None,
         fresh: bool = False,
+        write: bool = True,
     ):
         """See :func:`extend`."""
         cfg = self.cfg
@@ -292,6 +293,10 @@ class Decoder(nnx.Module):
         cos, sin = L.rope_cos_sin(cfg, positions)
         # A paged cache's decode step on TPU / GPU: a Pallas paged-attention kernel ("tpu" / "gpu"); else None.
         kernel = None if fresh else kv_cache.decode_kernel(cache, t)
+        if kernel is not None and not write:
+            raise ValueError(
+                "extend(write=False) is for prefills; a paged decode step's kernel writes in the scan"
+            )
 
         def body(carry, xs):
             x, pools = carry
@@ -323,7 +328,12 @@ class Decoder(nnx.Module):
             new_k.append(k)
             new_v.append(v)
         cat = lambda parts: parts[0] if len(parts) == 1 else jnp.concatenate(parts)  # noqa: E731
-        new_cache = kv_cache.write(cache, cat(new_k), cat(new_v), num_new.astype(jnp.int32), written=pools)
+        if write:
+            new_cache = kv_cache.write(
+                cache, cat(new_k), cat(new_v), num_new.astype(jnp.int32), written=pools
+            )
+        else:
+            new_cache = (cat(new_k), cat(new_v))
         if logits_at is not None:
             # Gather the hidden rows before the head: [B, T, V] float32 logits of a long prefill (32 x 2k x 49k
             # = 13 GB for SmolLM2) would dwarf the model, and the sampler only reads one position per row.
@@ -410,6 +420,7 @@ def extend(
     num_new: jax.Array,
     logits_at: jax.Array | None = None,
     fresh: bool = False,
+    write: bool = True,
 ):
     """Appends ``tokens[b, :num_new[b]]`` to row ``b`` of the cache and returns their logits.
 
@@ -428,12 +439,15 @@ def extend(
         ``init_cache``): the new tokens then attend causally to each other only (the forward's attention, with its
         causal bands or the platform's flash kernel) instead of to the cache's whole window plus themselves, whose
         empty slots a long prefill would otherwise pay for. Same logits and cache; wrong if a row has context.
+      write: static; False returns the new keys and values (``(k, v)`` each ``[L, B, T, Hkv, Dh]``) in place of
+        the cache, unwritten, for a caller that writes several calls' at once (``sampling.decode.prefill``'s row
+        groups: ``kv_cache.write`` of them all after its loop, so the loop never carries the cache).
     Returns:
       ``(logits [B, T, V] float32, cache)`` with ``lengths += num_new``; with ``logits_at``, logits ``[B, V]``
       (row ``b``'s logits at column ``logits_at[b]``, equal to the full call's ``logits[b, logits_at[b]]``).
     """
     model = nnx.merge(graphdef, params)
-    return model.extend(cache, tokens, num_new, logits_at, fresh)
+    return model.extend(cache, tokens, num_new, logits_at, fresh, write)
 
 
 def count_params(params) -> int:

@@ -222,14 +222,13 @@ def advance_rows(tok, active, lengths, max_new, done, finish, cstate, sstate, st
 
 
 def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: int):
-    """The turn's input through ``extend_fn``, ``groups`` row groups one after another (a ``fori_loop``).
+    """The turn's input through ``extend_fn``, ``groups`` row groups one after another (a ``scan``).
 
     Why: attention over a long input holds ``[rows, heads, QUERY_CHUNK, S]`` float32 scores per query chunk on the
     ``xla`` backend; for 32 rows x 2k tokens of SmolLM2 that is gigabytes. Groups bound it to ``rows / groups``.
     Group ``g`` is rows ``g, g + groups, ...`` (strided), so on a mesh every device keeps its share of every
-    group. Same values as one call: rows are independent. The loop carries the cache, which on TPU makes XLA
-    hold a second copy of it in the loop's layout; ``service.prefill_groups`` asks for groups only where a
-    device's own rows exceed the budget.
+    group. Same values as one call: rows are independent. Each group runs ``extend_fn(..., write=False)`` and
+    the new keys and values of every row are written once after the loop.
 
     Returns:
       ``(logits [B, V] at column last[b], cache)``.
@@ -245,61 +244,35 @@ def prefill(graphdef, params, cache, tokens, num_new, last, extend_fn, groups: i
         return x.reshape(x.shape[:axis] + (r, groups) + x.shape[axis + 1 :])
 
     toks, nn, at = split(tokens, 0), split(num_new, 0), split(last, 0)
-    if hasattr(
-        cache, "pages"
-    ):  # paged: rows own page-table rows; the pool is shared (rows' pages are disjoint)
-        return _prefill_paged(graphdef, params, cache, toks, nn, at, extend_fn, split, B)
+    lens = split(cache.lengths, 0)
+    # The loop reads the cache and never carries it: each group returns its rows' new keys and values, and one
+    # write after the loop puts every row's in place (kv_cache.write, as a single extend does). A loop that
+    # carried the dense cache split as [L, r, groups, ...] made the TPU compiler hold a second copy of the cache
+    # in the loop's layout (7 GiB per v5p chip for the paper's actor). Paged: each group's page-table rows.
+    if hasattr(cache, "pages"):
+        pages = split(cache.pages, 0)
+        sub_of = lambda g: cache.replace(pages=pages[:, g], lengths=lens[:, g])  # noqa: E731
+    else:
+        ks, vs = split(cache.k, 1), split(cache.v, 1)
+        sub_of = lambda g: cache.replace(k=ks[:, :, g], v=vs[:, :, g], lengths=lens[:, g])  # noqa: E731
 
-    def body(g, carry):
-        k, v, lengths, logits = carry
-        sub = cache.replace(k=k[:, :, g], v=v[:, :, g], lengths=lengths[:, g])
-        lg, sub = extend_fn(graphdef, params, sub, toks[:, g], nn[:, g], at[:, g])
-        k = jax.lax.dynamic_update_index_in_dim(k, sub.k, g, axis=2)
-        v = jax.lax.dynamic_update_index_in_dim(v, sub.v, g, axis=2)
-        lengths = jax.lax.dynamic_update_index_in_dim(lengths, sub.lengths, g, axis=1)
-        logits = jax.lax.dynamic_update_index_in_dim(logits, lg.astype(logits.dtype), g, axis=1)
-        return k, v, lengths, logits
-
-    V = jax.eval_shape(
-        lambda: extend_fn(
-            graphdef,
-            params,
-            cache.replace(k=cache.k[:, :r], v=cache.v[:, :r], lengths=cache.lengths[:r]),
-            tokens[:r],
-            num_new[:r],
-            last[:r],
+    def body(_, g):
+        lg, (k_new, v_new) = extend_fn(
+            graphdef, params, sub_of(g), toks[:, g], nn[:, g], at[:, g], write=False
         )
-    )[0].shape[-1]
-    init = (
-        split(cache.k, 1),
-        split(cache.v, 1),
-        split(cache.lengths, 0),
-        jnp.zeros((r, groups, V), jnp.float32),
+        return None, (lg.astype(jnp.float32), k_new, v_new)
+
+    _, (logits, k_new, v_new) = jax.lax.scan(body, None, jnp.arange(groups))
+
+    def merge(x, axis):  # [groups, ..., r (at axis), ...] -> [..., B, ...]: row b = (b // groups, b % groups)
+        x = jnp.moveaxis(x, 0, axis + 1)
+        return x.reshape(x.shape[:axis] + (B,) + x.shape[axis + 2 :])
+
+    from comprl_jax.models import kv_cache  # the model layer's cache write
+
+    return merge(logits, 0), kv_cache.write(
+        cache, merge(k_new, 1), merge(v_new, 1), num_new.astype(jnp.int32)
     )
-    k, v, lengths, logits = jax.lax.fori_loop(0, groups, body, init)
-    merge = lambda x, axis: x.reshape(x.shape[:axis] + (B,) + x.shape[axis + 2 :])  # noqa: E731
-    return merge(logits, 0), cache.replace(k=merge(k, 1), v=merge(v, 1), lengths=merge(lengths, 0))
-
-
-def _prefill_paged(graphdef, params, cache, toks, nn, at, extend_fn, split, B):
-    """:func:`prefill`'s row groups on a paged cache: each group's page-table rows and lengths, the whole pool."""
-    r, groups = toks.shape[:2]
-
-    def body(g, carry):
-        k, v, lengths, logits = carry
-        sub = cache.replace(k=k, v=v, pages=split(cache.pages, 0)[:, g], lengths=lengths[:, g])
-        lg, sub = extend_fn(graphdef, params, sub, toks[:, g], nn[:, g], at[:, g])
-        lengths = jax.lax.dynamic_update_index_in_dim(lengths, sub.lengths, g, axis=1)
-        logits = jax.lax.dynamic_update_index_in_dim(logits, lg.astype(logits.dtype), g, axis=1)
-        return sub.k, sub.v, lengths, logits
-
-    first = cache.replace(pages=cache.pages[:r], lengths=cache.lengths[:r])
-    V = jax.eval_shape(lambda: extend_fn(graphdef, params, first, toks[:, 0], nn[:, 0], at[:, 0]))[0].shape[
-        -1
-    ]
-    init = (cache.k, cache.v, split(cache.lengths, 0), jnp.zeros((r, groups, V), jnp.float32))
-    k, v, lengths, logits = jax.lax.fori_loop(0, groups, body, init)
-    return logits.reshape(B, V), cache.replace(k=k, v=v, lengths=lengths.reshape(B))
 
 
 def make_decode_fn(extend_fn: Any, wrap: Any = None):
