@@ -383,10 +383,11 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
 
     rollout beside the extractor update: 86.166 - 2.674 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
     tensor 4) - 0.03 - 14.236 (the extractor sampler's copy: 17.236 - 2 rows x 1.5) = 12.18 free; the actor
-    sampler's copy 5.297 - 4 x 0.4375 = 3.547 and working set 3.521 (32 rows compiled, 4 per group): 8.633 /
-    (0.4375 + 3.521 / 4) = 6 rows per group x 8 = 48 -> 32 a wave (a power-of-two bucket dividing 384: 12 waves).
-    Distillation beside the actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 - 14.236 =
-    26.79 / (1.5 + 18.862 / 2) = 2 rows per group x 8 = 16 a call (24 calls)."""
+    sampler's copy 5.297 - 4 x 0.4375 = 3.547 and working set 1.173 (32 rows compiled, 4 per group; 3.521 before
+    the prefill's row groups stopped carrying the cache, 2026-12-06): 8.633 / (0.4375 + 1.173 / 4) = 11 rows per
+    group x 8 = 88 -> 64 a wave (a power-of-two bucket dividing 384: 6 waves; 32 before). Distillation beside the
+    actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 - 14.236 = 26.79 / (1.5 + 16.103 /
+    2) = 2 rows per group x 8 = 16 a call (24 calls)."""
     rp = _rp()
     flags, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
     assert plan["fits"] and (plan["rollout_rows_at_once"], plan["distill_rows_at_once"]) == (64, 64)
@@ -395,8 +396,8 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
     layout = rp.compiler_layout(plan, lines, 384)
     assert layout["fits"] and layout["free_gib"] == {"rollout": 12.18, "distill": 41.03}
     assert layout["sampler_copies_gib"] == 17.78  # 3.55 (7B over 4 chips) + 14.24 (30B over 4)
-    assert (layout["rows_per_wave"], layout["rows_per_call"]) == (32, 16)
-    assert (layout["rollout_waves"], layout["distill_waves"]) == (12, 24)
+    assert (layout["rows_per_wave"], layout["rows_per_call"]) == (64, 16)
+    assert (layout["rollout_waves"], layout["distill_waves"]) == (6, 24)
     check = rp.compiler_check(plan, rp.chosen_figures(lines, layout["rollout_tensor"]), layout)
     assert check["fits"] and not check["stale"]
     # the plan is close to the compiler on the gmm update (59.7 planned against 57.0 compiled)
@@ -406,7 +407,7 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
     assert runs and all(r["runnable"] for r in runs)
     for r in runs:
         assert "--config.extractor.moe_dispatch=gmm" in r["overrides"]
-        assert "--config.rollout.rows_per_wave=32" in r["overrides"]
+        assert "--config.rollout.rows_per_wave=64" in r["overrides"]
         assert "--config.extractor.rows_per_call=16" in r["overrides"]
     # the file also holds the capacity dispatch's update (66.27 GiB at the same mesh): not this run's program
     with open(rp.COMPILE_PLANS) as f:
@@ -480,11 +481,16 @@ def test_rollout_layout_and_waves_come_from_the_compiler():
 
 
 def test_paper_runs_on_a_v5p_64_take_their_layout_from_the_compiler():
-    """launch/compile_plans.jsonl (2026-12-03) holds the v5p-64 main setting's updates and its samplers' prefill
-    and decode at rollout splits 1, 2 and 4. Beside the compiled updates (actor 30.9, extractor 51.1 GiB peaks),
-    both samplers' copies and the prefill's working set, the fewest waves come from the actor's sampler over 2
-    chips and the extractor's over 4: 128 rollout rows (one wave of minihack_room's 128) and 64 distillation rows
-    per call, where the analytic plan would have allowed 272 and 136."""
+    """launch/compile_plans.jsonl holds the v5p-64 main setting's updates and its samplers' prefill and decode at
+    rollout splits 1, 2 and 4 (prefills re-compiled 2026-12-06). Beside the compiled updates (actor 30.9,
+    extractor 51.1 GiB peaks), both samplers' copies and the prefill's working set, one rollout wave of
+    minihack_room's 128 rows and 64 distillation rows per call (3 waves) is the fewest, and the smallest splits
+    reach it: both samplers on one chip. By hand, per chip (usable 86.166): the actor's copy 28.185 - 8 x 1.75 =
+    14.185, the extractor's 25.492 - 2 x 9 = 7.492; rollout beside the extractor update: 86.166 - 2.666 - 51.089 -
+    0.03 - 7.492 = 24.89 free, (24.89 - 14.185 - 3.674) / 1.75 = 4 rows x 32 = 128; distillation beside the actor
+    update: 86.166 - 1.409 - 30.858 - 0.03 - 14.185 = 39.68 free, (39.68 - 7.492 - 12.474) / 9 = 2 rows x 32 = 64.
+    (Before the prefill stopped carrying its cache: the actor over 2 chips and the extractor over 4, same waves.)
+    The analytic plan would have allowed 272 and 136."""
     out = _cli("--table=single", "--launcher=tpu_pod", "--tpu_name=t", "--zone=z", "--seeds=0")
     runs, _, _ = _runs(out.stdout)
     room = next(
@@ -492,10 +498,11 @@ def test_paper_runs_on_a_v5p_64_take_their_layout_from_the_compiler():
     )
     assert room["hardware"] == "v5p-64" and room["runnable"], room["note"]
     lay = room["compiler"]["layout"]
-    assert lay["rollout_tensor"] == {"actor": 2, "extractor": 4} and lay["fits"]
+    assert lay["rollout_tensor"] == {"actor": 1, "extractor": 1} and lay["fits"]
     assert (lay["rows_per_wave"], lay["rows_per_call"]) == (128, 64)
+    assert lay["free_gib"] == {"rollout": 24.89, "distill": 39.68} and lay["sampler_copies_gib"] == 21.68
     flags = room["overrides"]
-    assert "--config.actor.rollout_tensor=2" in flags and "--config.extractor.rollout_tensor=4" in flags
+    assert "--config.actor.rollout_tensor=1" in flags and "--config.extractor.rollout_tensor=1" in flags
     assert "--config.extractor.rows_per_call=64" in flags
     assert not any(f.startswith("--config.rollout.rows_per_wave") for f in flags)  # 128 = the step's episodes
     assert room["compiler"]["fits"] and not room["compiler"]["stale"]
