@@ -383,9 +383,10 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
 
     rollout beside the extractor update: 86.166 - 2.674 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
     tensor 4) - 0.03 - 14.236 (the extractor sampler's copy: 17.236 - 2 rows x 1.5) = 12.18 free; the actor
-    sampler's copy 5.297 - 4 x 0.4375 = 3.547 and working set 1.173 (32 rows compiled, 4 per group; 3.521 before
-    the prefill's row groups stopped carrying the cache, 2026-12-06): 8.633 / (0.4375 + 1.173 / 4) = 11 rows per
-    group x 8 = 88 -> 64 a wave (a power-of-two bucket dividing 384: 6 waves; 32 before). Distillation beside the
+    sampler's copy 7.047 - 8 x 0.4375 = 3.547 and working set 4.185 (the decode's, above the prefill's 2.345; the
+    last lines, compiled at 64 rows, 8 per group, 2026-12-06, after the prefill's row groups stopped carrying the
+    cache): (8.633 - 4.185) / 0.4375 = 10 > 8 compiled, so in proportion: 8.633 / (0.4375 + 4.185 / 8) = 8 rows
+    per group x 8 = 64 a wave (a power-of-two bucket dividing 384: 6 waves; 32 before). Distillation beside the
     actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 - 14.236 = 26.79 / (1.5 + 16.103 /
     2) = 2 rows per group x 8 = 16 a call (24 calls)."""
     rp = _rp()
