@@ -110,7 +110,9 @@ class SamplerService:
       mesh: optional device mesh; batch rows are sharded over its ``batch`` axes.
       extend_fn / init_cache_fn: the model layer's ``extend`` / ``init_cache`` (defaults:
         ``comprl_jax.models.decoder``); another model layer may pass its own with the same signature
-        (``extend(graphdef, params, cache, tokens, num_new, logits_at) -> ([B, V] logits, cache)``).
+        (``extend(graphdef, params, cache, tokens, num_new, logits_at, fresh=, write=) -> ([B, V] logits, cache)``;
+        ``write=False`` returns the unwritten new keys and values in place of the cache, for the prefill's row
+        groups, ``sampling.decode.prefill``).
       wrap: optional decorator for the traced function (tests: ``chex.assert_max_traces(n=...)``).
       prefill_tokens: a turn's input goes through the model in row groups of at most this many (padded) tokens
         per batch shard (halving the group while a shard's ``rows x width`` exceeds it; 0 = all rows at once). The prefill's attention
