@@ -67,10 +67,9 @@ def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, 
     (0 = one group) and each half still holds a multiple of ``multiple``.
 
     The budget is per batch shard because the buffers it bounds are: each device holds its own rows' activations
-    and (``xla`` attention) scores. Groups run one after another in a loop that carries the cache, which on TPU
-    costs a second copy of it (the loop's layout; 7 GiB per v5p chip for the paper's actor), so a pod splits only
-    where a device's own rows exceed the budget (v5p-64 actor prefill, 128 rows x 2k onto a 32k cache, splash:
-    temp 12.8 -> 1.8 GiB; the ``xla`` backend too: 9.3 GiB)."""
+    and (``xla`` attention) scores, and each group re-reads the weights. Per mesh, a pod split into groups of one
+    row per chip whatever its memory (v5p-64 actor prefill, 256 rows x 2k onto a 32k cache: 8 groups, temp 16.0
+    GiB; per shard, with ``decode.prefill``'s loop that does not carry the cache: one group, 3.7 GiB)."""
     g = 1
     while (
         prefill_tokens
