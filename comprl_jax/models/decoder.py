@@ -115,11 +115,34 @@ class Layers(nnx.Module):
             for name, param in moe.init_params(cfg, rngs).items():
                 setattr(self, name, param)
 
+    def params(self) -> dict[str, nnx.Param]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+    def per_layer(self) -> bool:
+        """Whether the weights are one buffer per layer (:func:`unstack_layers`, the sampler's CPU layout)."""
+        return isinstance(self.attn_norm.get_value(), tuple)
+
     def arrays(self) -> dict[str, jax.Array]:
         """The stacked arrays by name, in the compute dtype (:func:`compute_cast`)."""
-        return {
-            k: compute_cast(self.cfg, k, v[...]) for k, v in vars(self).items() if isinstance(v, nnx.Param)
-        }
+        if self.per_layer():
+            raise ValueError(
+                "these parameters are one buffer per layer (decoder.unstack_layers: a sampler's CPU layout), which "
+                "only extend() reads; pass the stacked parameters (decoder.stack_layers) to forward()"
+            )
+        return {k: compute_cast(self.cfg, k, v[...]) for k, v in self.params().items()}
+
+    def layer(self, i: int) -> dict[str, jax.Array]:
+        """Layer ``i``'s weights by name in the compute dtype: the attention's at ``i``, the MLP's at ``i``'s place
+        in its kind's stack (dense or MoE). On a per-layer layout these are the layer's own buffers."""
+        kind = self.cfg.is_moe_layer(i)
+        at = sum(self.cfg.is_moe_layer(j) == kind for j in range(i))  # its place among its kind's layers
+        mlp = {False: set(DENSE_MLP), True: set(moe.PARAM_AXES)}
+        out = {}
+        for k, v in self.params().items():
+            if k in mlp[not kind]:
+                continue
+            out[k] = compute_cast(self.cfg, k, v.get_value()[at if k in mlp[kind] else i])
+        return out
 
     def segments(self) -> list[tuple[tuple[bool, int, int, int], dict[str, jax.Array]]]:
         """``(segment, xs)`` per :func:`layer_segments` run: ``xs`` holds the run's slice of the attention stacks
@@ -323,10 +346,26 @@ class Decoder(nnx.Module):
         x = constrain_batch(self._embed(tokens))
         pools = None if kernel is None else (cache.k, cache.v)
         new_k, new_v = [], []
-        for (_, a, end, _), xs in self.layers.segments():
-            (x, pools), (k, v) = jax.lax.scan(body, (x, pools), (xs, jnp.arange(a, end)))
-            new_k.append(k)
-            new_v.append(v)
+        if self.layers.per_layer():
+            # One buffer per layer (unstack_layers: a sampler on CPU whose layers outgrow the cache): a Python loop
+            # hands each layer's weights to its matmuls in place, where a scan would first copy them out of the
+            # stacks (XLA:CPU writes every dynamic slice to a new buffer, on every decode step).
+            for i in range(cfg.num_layers):
+                (x, pools), (k, v) = body((x, pools), (self.layers.layer(i), jnp.int32(i)))
+                new_k.append(k[None])
+                new_v.append(v[None])
+            # The write after the loop must follow every layer's read of the cache, but the last layer's new key
+            # and value do not depend on its own attention (the read). Unordered, XLA copies the whole cache
+            # twice per step to keep the read's value; this zero ties them to the last hidden state (a scan
+            # orders them itself). A non-finite hidden state would make the logits NaN in any case.
+            tie = (x[:, :1, :1] * 0.0)[None, ..., None].astype(new_k[-1].dtype)  # [1, B, 1, 1, 1]
+            new_k[-1] = new_k[-1] + tie
+            new_v[-1] = new_v[-1] + tie
+        else:
+            for (_, a, end, _), xs in self.layers.segments():
+                (x, pools), (k, v) = jax.lax.scan(body, (x, pools), (xs, jnp.arange(a, end)))
+                new_k.append(k)
+                new_v.append(v)
         cat = lambda parts: parts[0] if len(parts) == 1 else jnp.concatenate(parts)  # noqa: E731
         if write:
             new_cache = kv_cache.write(
@@ -448,6 +487,49 @@ def extend(
     """
     model = nnx.merge(graphdef, params)
     return model.extend(cache, tokens, num_new, logits_at, fresh, write)
+
+
+def unstack_layers(params):
+    """The layer stacks as one buffer per layer: each ``[L, ...]`` parameter under ``layers`` becomes a tuple of
+    ``L`` arrays (the MLP's over its kind's layers). :func:`extend` reads this layout with a Python loop over the
+    layers instead of a ``scan``; :func:`forward` needs the stacks (:func:`stack_layers`). A jitted copy (the
+    input is not donated): the result's arrays keep the stacks' shardings less the leading axis.
+
+    Why: a ``scan`` over stacked weights slices each layer's out of the stacks, and XLA:CPU writes every slice to a
+    new buffer, on every decode step; for a layer larger than the CPU's cache that is one more pass over memory
+    (``SamplerService``'s ``layer_buffers``, ``sampling.service.auto_layer_buffers``).
+    """
+    return _unstack(params)
+
+
+def bytes_per_layer(params) -> int:
+    """Bytes of the layer weights (arrays or abstract, stacked or not) divided by the number of layers."""
+    total = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params["layers"]))
+    norms = jax.tree.leaves(params["layers"]["attn_norm"])  # one [L, D] stack, or L arrays [D]
+    return total // (norms[0].shape[0] if norms[0].ndim == 2 else len(norms))
+
+
+def stack_layers(params):
+    """Inverse of :func:`unstack_layers` (stacked parameters pass through unchanged)."""
+    return _stack(params)
+
+
+def _map_layers(fn, params):
+    out = jax.tree.map(lambda x: x, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    out["layers"] = jax.tree.map(
+        lambda v: v.replace(fn(v.get_value())),
+        params["layers"],
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    return out
+
+
+_unstack = jax.jit(
+    lambda params: _map_layers(
+        lambda x: x if isinstance(x, tuple) else tuple(x[i] for i in range(len(x))), params
+    )
+)
+_stack = jax.jit(lambda params: _map_layers(lambda x: jnp.stack(x) if isinstance(x, tuple) else x, params))
 
 
 def count_params(params) -> int:

@@ -256,10 +256,10 @@ def dispatch_update(role: Role, batch: dict[str, np.ndarray], refresh: bool = Tr
     ``logprob_mismatch``: mean |recomputed - behaviour| over ``batch[BEHAVIOUR_MASK]`` tokens. Nothing here waits
     for the device (async dispatch).
     """
-    if not refresh and role.layout.same and role.deferred is None:
+    if not refresh and role.layout.same and role.deferred is None and not role.sampler.owns_params:
         # The sampler reads the training state itself, which the update donates: it keeps a copy of the weights
-        # before the update until the deferred refresh (only where the layout makes no copy of its own: one
-        # device in the parameter dtype).
+        # before the update until the deferred refresh (only where neither the layout nor the sampler makes a
+        # copy of its own: one device in the parameter dtype, stacked layer buffers).
         role.sampler.update_params(jax.tree.map(jnp.copy, role.state.params))
     host = dict(batch)
     sampled_by = host.pop(SAMPLED_BY, None)

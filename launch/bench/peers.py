@@ -54,6 +54,7 @@ def tunix_line(
     reps: int = 3,
     seed: int = 0,
     kv_cache: str = "paged",
+    layer_buffers: str = "auto",
 ) -> dict:
     """Ours vs Tunix's sampler on one tiny Qwen3, greedy: tokens/s of each and their ratio.
 
@@ -88,7 +89,9 @@ def tunix_line(
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(10, cfg.vocab_size, prompt).tolist() for _ in range(batch)]
 
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=kv_cache)
+    svc = SamplerService(
+        graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=kv_cache, layer_buffers=layer_buffers
+    )
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     if max_context:
 
@@ -172,6 +175,7 @@ def tunix_line(
         "new_tokens": new,
         "kv_cache": max_context or "prompt + new",
         "ours_cache": kv_cache,
+        "ours_layer_buffers": svc.layer_buffers,
         "ours_tokens_s": round(generated / ours_s, 1),
         "tokens_s": round(generated / their_s, 1),
         "ratio": round(their_s / ours_s, 3),

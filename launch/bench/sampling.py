@@ -13,7 +13,7 @@ COMMAND (CPU, ~5-10 min on 2 shared cores)::
 Prints one JSON object per line, e.g.
 ``{"bench": "sampling", "config": "tiny", "ours_tok_s": ..., "hf_tok_s": ..., "ratio": ..., "greedy_rows_equal": 32, ...}``
 and ``{"bench": "sampling_multiturn", "turns": 5, "cached_s": ..., "reprefill_s": ..., "speedup": ...}``.
-Ours runs on ``--kv_cache`` (default ``paged``; every line says which).
+Ours runs on ``--kv_cache`` (default ``paged``) and ``--layer_buffers`` (default ``auto``); every line says which.
 ``{"bench": "decode_scaling", "model", "kv_cache", "alloc", "live", "step_ms"}`` (``--scaling=tiny,...``): one
 decode step's time for rows holding ``live`` positions in a cache allocated for ``alloc`` per row (live 256 / 1k /
 4k / 16k in 32k, and 256 in 256), the per-step slope of two turns of different lengths; the target is that it
@@ -109,12 +109,20 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
     return row
 
 
-KV_CACHE = {"kind": "paged"}  # --kv_cache
+KV_CACHE = {"kind": "paged", "layers": "auto"}  # --kv_cache, --layer_buffers
 
 
 def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
     """Our sampler, greedy, on random prompts (token ids from ``low``): ``(row, prompts, result, seconds)``."""
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
+    svc = SamplerService(
+        graphdef,
+        params,
+        cfg,
+        stop_token_ids=(),
+        pad_id=0,
+        kv_cache=KV_CACHE["kind"],
+        layer_buffers=KV_CACHE["layers"],
+    )
     prompts = np.random.default_rng(0).integers(low, cfg.vocab_size, size=(batch, prompt))
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
@@ -132,6 +140,7 @@ def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
         "ours_s": round(t_ours, 3),
         "ours_tok_s": round(batch * new / t_ours, 1),
         "kv_cache": KV_CACHE["kind"],
+        "layer_buffers": svc.layer_buffers,
         "backend": jax.default_backend(),
     }
     return row, prompts, ours, t_ours
@@ -202,7 +211,15 @@ def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, ne
 def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
     """5 turns of (observation, reply): live cache + incremental prefill vs re-prefilling the whole context."""
     cfg, graphdef, params, batch, prompt, _ = _model("tiny", 4096)
-    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
+    svc = SamplerService(
+        graphdef,
+        params,
+        cfg,
+        stop_token_ids=(),
+        pad_id=0,
+        kv_cache=KV_CACHE["kind"],
+        layer_buffers=KV_CACHE["layers"],
+    )
     rng = np.random.default_rng(1)
     first = rng.integers(2, cfg.vocab_size, size=(batch, prompt)).tolist()
     obs_tok = [rng.integers(2, cfg.vocab_size, size=(batch, obs)).tolist() for _ in range(turns - 1)]
@@ -241,6 +258,7 @@ def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
         "speedup": round(t_r / t_c, 2),
         "same_tokens": same,
         "kv_cache": KV_CACHE["kind"],
+        "layer_buffers": svc.layer_buffers,
     }
 
 
@@ -320,7 +338,15 @@ def fresh_prefill(rows: int = 8, prompt: int = 1000, new: int = 16, repeats: int
     from comprl_jax.models import zoo as model_zoo
 
     m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
-    svc = SamplerService(m.graphdef, m.params, m.cfg, stop_token_ids=(), pad_id=0, kv_cache=KV_CACHE["kind"])
+    svc = SamplerService(
+        m.graphdef,
+        m.params,
+        m.cfg,
+        stop_token_ids=(),
+        pad_id=0,
+        kv_cache=KV_CACHE["kind"],
+        layer_buffers=KV_CACHE["layers"],
+    )
     prompts = np.random.default_rng(0).integers(3, m.cfg.vocab_size, size=(rows, prompt)).tolist()
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
@@ -337,6 +363,7 @@ def fresh_prefill(rows: int = 8, prompt: int = 1000, new: int = 16, repeats: int
         "bench": "fresh_prefill",
         "model": "smollm2_135m",
         "kv_cache": KV_CACHE["kind"],
+        "layer_buffers": svc.layer_buffers,
         "rows": rows,
         "prompt": prompt,
         "new": new,
@@ -356,6 +383,13 @@ def main():
     ap.add_argument("--no_multiturn", action="store_true")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--kv_cache", default="paged", choices=("paged", "dense"))
+    ap.add_argument(
+        "--layer_buffers",
+        default="auto",
+        choices=("auto", "stacked", "per_layer"),
+        help="SamplerService(layer_buffers=): how ours holds the layer weights (auto: per_layer on CPU for layers "
+        "larger than the last-level cache)",
+    )
     ap.add_argument("--scaling", default="tiny", help="models of the decode_scaling lines ('' = none)")
     ap.add_argument(
         "--fresh_prefill",
@@ -364,6 +398,7 @@ def main():
     )
     args = ap.parse_args()
     KV_CACHE["kind"] = args.kv_cache
+    KV_CACHE["layers"] = args.layer_buffers
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.fresh_prefill:
         shape, new = args.fresh_prefill.split("+")
