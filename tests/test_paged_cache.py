@@ -53,9 +53,12 @@ def test_paged_write_and_context_by_hand():
     # row 1 (2 new), positions 0, 1 -> page 1 offsets 0, 1; its third column is padding: nowhere
     assert k[0, 1, 0] == 10 and k[0, 1, 1] == 11 and (k[0, 1, 2:] == 0).all()
     assert np.asarray(out.v)[1, 0, 0, 0, 0] == -101
-    kc, vc, valid, heads_first = KV.context(out, jnp.int32(1))
-    assert heads_first and kc.shape == (1, 2, 8, 2)
+    kc, vc, valid, specs = KV.context(out, jnp.int32(1))
+    assert specs == ("bksd", "bksd") and kc.shape == (2, 1, 8, 2)  # [B, Hkv, S, Dh]
     np.testing.assert_array_equal(np.asarray(kc)[0, 0, 3:6, 0], [100, 101, 102])
+    np.testing.assert_array_equal(np.asarray(kc)[1, 0, :2, 0], [110, 111])
+    np.testing.assert_array_equal(np.asarray(vc)[1, 0, :2, 1], [-110, -111])
+    assert (np.asarray(kc)[1, 0, 4:] == 0).all()  # its second column has page 3, never written
     np.testing.assert_array_equal(np.asarray(valid), [[1] * 6 + [0] * 2, [1, 1] + [0] * 6])
     # past the page table (capacity 8): dropped, never wrapped into another page
     full = out.replace(lengths=jnp.array([7, 2], jnp.int32))
