@@ -202,3 +202,27 @@ def test_peaked_batch_takes_the_cheap_branch_at_the_default_cap():
     # Without top-p, with top-k on, or greedy: never a fallback.
     for sp in [SamplingParams(), SamplingParams(top_k=50, top_p=0.5), SamplingParams(greedy=True, top_p=0.5)]:
         assert not np.asarray(_fallback(flat, sp)).any()
+
+
+def test_first_max_is_argmax():
+    """Greedy's index (filters.first_max) equals jnp.argmax: the first of tied maxima, a row of -inf, a row's first
+    NaN, a maximum in the last column; and on random rows of the sampler's shapes."""
+    from comprl_jax.sampling.filters import first_max
+
+    inf, nan = float("inf"), float("nan")
+    x = jnp.array(
+        [
+            [0.5, 2.0, -1.0, 2.0],  # tie: the first
+            [-inf, -inf, -inf, -inf],  # everything filtered: 0
+            [1.0, nan, 3.0, nan],  # the first NaN, as argmax
+            [-3.0, -2.0, -1.0, 7.0],
+            [inf, 1.0, inf, 0.0],
+        ]
+    )
+    np.testing.assert_array_equal(first_max(x), [1, 0, 1, 3, 0])
+    np.testing.assert_array_equal(first_max(x), jnp.argmax(x, axis=-1))
+    r = jax.random.normal(jax.random.key(0), (3, 16, 2048))
+    r = r.at[:, :, 100].set(r.max()).at[:, :, 7].set(r.max())  # ties in every row
+    assert first_max(r).dtype == jnp.int32
+    np.testing.assert_array_equal(first_max(r), jnp.argmax(r, axis=-1))
+    np.testing.assert_array_equal(first_max(r), 7)

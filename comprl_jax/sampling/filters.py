@@ -169,6 +169,15 @@ def _nucleus_threshold(x: jax.Array, top_p: float, cap: int) -> jax.Array:
     return jax.lax.cond(jnp.any(fallback), full, lambda _: thresh, None)
 
 
+def first_max(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` (the first maximum; a row's first NaN if it has one) as a max, a compare and a
+    min over the indices: XLA:CPU runs argmax's variadic (value, index) reduce 4x slower (16 x 2,048 logits: 75
+    against 17 us, once per decode step). ``x``: ``[..., V]`` -> ``[...]`` int32."""
+    v = x.shape[-1]
+    hit = (x == jnp.max(x, axis=-1, keepdims=True)) | jnp.isnan(x)
+    return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
 def select_tokens(
     logits: jax.Array, key: jax.Array, sp: SamplingParams, allowed: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -185,7 +194,7 @@ def select_tokens(
     """
     x = filter_logits(logits, sp, allowed)
     if sp.greedy:
-        tok = jnp.argmax(x, axis=-1)
+        tok = first_max(x)
     else:
         if key.ndim:
             tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, x)
