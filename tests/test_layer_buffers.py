@@ -178,3 +178,27 @@ def test_deferred_refresh_with_a_per_layer_sampler(tmp_path, monkeypatch):
     after = role.sampler.generate(prompts, jax.random.key(0), sp)
     assert np.abs(after.logprobs - before.logprobs).max() > 1e-3
     assert isinstance(role.sampler.params["layers"]["q_proj"].get_value(), tuple)
+
+
+def test_per_layer_on_a_decode_mesh_keeps_the_tensor_split():
+    """On the sampler's decode mesh (8 fake devices: data 4 x tensor 2), each layer's buffer keeps its stack's
+    tensor split less the layer axis, and both layouts sample the same tokens."""
+    from comprl_jax.runtime import sharding as shd
+    from comprl_jax.sampling.layout import rollout_layout
+
+    mesh = shd.make_mesh({"fsdp": 8})
+    graphdef, params = init_decoder(DENSE, seed=0, mesh=mesh)
+    layout = rollout_layout(params, DENSE, mesh, 2)
+    copy = layout.refresh(params)
+    svcs = [SamplerService(graphdef, copy, DENSE, pad_id=0, mesh=layout.mesh, layer_buffers=lb)
+            for lb in ("stacked", "per_layer")]  # fmt: skip
+    stacked = svcs[0].params["layers"]["q_proj"].get_value().sharding
+    per = svcs[1].params["layers"]["q_proj"].get_value()
+    assert len(per) == 3 and all(x.sharding.mesh.shape == stacked.mesh.shape for x in per)
+    assert all(tuple(x.sharding.spec) == tuple(stacked.spec)[1:] for x in per)
+    assert "tensor" in str(stacked.spec)
+    prompts = [[5, 6, 7], [8, 9], [10], [11, 12, 13, 14]]
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0)
+    a, b = (s.generate(prompts, jax.random.key(2), sp) for s in svcs)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6, rtol=0)

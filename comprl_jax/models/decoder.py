@@ -493,7 +493,8 @@ def unstack_layers(params):
     """The layer stacks as one buffer per layer: each ``[L, ...]`` parameter under ``layers`` becomes a tuple of
     ``L`` arrays (the MLP's over its kind's layers). :func:`extend` reads this layout with a Python loop over the
     layers instead of a ``scan``; :func:`forward` needs the stacks (:func:`stack_layers`). A jitted copy (the
-    input is not donated): the result's arrays keep the stacks' shardings less the leading axis.
+    input is not donated); on a decode mesh each layer's array keeps its stack's split less the layer axis
+    (``tests/test_layer_buffers.py``).
 
     Why: a ``scan`` over stacked weights slices each layer's out of the stacks, and XLA:CPU writes every slice to a
     new buffer, on every decode step; for a layer larger than the CPU's cache that is one more pass over memory
