@@ -67,6 +67,50 @@ def test_paged_write_and_context_by_hand():
     assert np.asarray(again.k)[1, 0, 1:].sum() == np.asarray(out.k)[1, 0, 1:].sum()  # nothing else changed
 
 
+def test_dense_turn_round_trip_by_hand():
+    """A CPU turn on a paged cache runs on a dense copy of its pages (PagedKVCache.dense_turn): that copy holds
+    each layer's context() in the dense CPU layout, and writing a turn into it and back (end_dense_turn) leaves the
+    pool exactly as writing the turn into the pages. A forced decode kernel keeps the turn on the pages."""
+    from comprl_jax.models import paged_kernels as PK
+
+    cfg = ModelConfig.tiny("qwen3", num_layers=2, head_dim=128)
+    rng = np.random.default_rng(3)
+    B, PS, W, NP = 3, 4, 3, 10
+    cache = KV.init_paged_cache(cfg, B, W * PS, num_pages=NP, page_size=PS)
+    pages = np.full((B, W), NP, np.int32)  # row 2 has no third page
+    pages.flat[:8] = rng.permutation(NP)[:8]
+    cache = cache.replace(pages=jnp.asarray(pages))
+
+    def turn():  # [L, B, 5, Hkv, Dh] keys and values of a 5-column turn
+        shape = (cfg.num_layers, B, 5, cfg.num_kv_heads, cfg.head_dim)
+        return jnp.asarray(rng.normal(size=shape), jnp.float32), jnp.asarray(
+            rng.normal(size=shape), jnp.float32
+        )
+
+    k0, v0 = turn()
+    cache = KV.write(cache, k0, v0, jnp.array([5, 2, 4], jnp.int32))
+    dense = cache.dense_turn()
+    assert isinstance(dense, KV.KVCache) and dense.keys_last and dense.capacity == W * PS
+    np.testing.assert_array_equal(dense.lengths, [5, 2, 4])
+    for layer in range(cfg.num_layers):
+        kc, vc, _, specs = KV.context(cache, jnp.int32(layer))
+        assert specs == ("bksd", "bksd")
+        np.testing.assert_array_equal(dense.v[layer], vc)
+        np.testing.assert_array_equal(dense.k[layer], jnp.swapaxes(kc, 2, 3))
+    k1, v1 = turn()
+    n1 = jnp.array([5, 3, 5], jnp.int32)  # row 2 runs past its 8 positions with pages: dropped either way
+    want = KV.write(cache, k1, v1, n1)
+    got = cache.end_dense_turn(KV.write(dense, k1, v1, n1))
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    np.testing.assert_array_equal(got.k, want.k)
+    np.testing.assert_array_equal(got.v, want.v)
+    np.testing.assert_array_equal(got.pages, cache.pages)
+    with PK.forced("tpu", interpret=True):
+        assert (
+            cache.replace(k=cache.k.astype(jnp.bfloat16)).dense_turn() is None
+        )  # the kernel reads the pages
+
+
 @pytest.mark.parametrize("kind", ["dense", "paged"])
 def test_extend_through_the_cache_equals_the_forward(kind):
     """Prefill 30 tokens then 10 single-token decode steps, pages scattered over the pool in a random order:

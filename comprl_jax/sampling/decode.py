@@ -107,6 +107,11 @@ def decode(
     cache = cache.window(
         window
     )  # dense: a copy of the first `window` positions; paged: the page table's front
+    # A paged cache on CPU: the turn runs on a dense copy of the window's pages (one gather, one scatter back),
+    # not a gather of every layer's pages per step (PagedKVCache.dense_turn; None on TPU / GPU).
+    paged = cache if hasattr(cache, "dense_turn") else None
+    dense = None if paged is None else paged.dense_turn()
+    cache = cache if dense is None else dense
     B = tokens.shape[0]
     N = sp.max_new_tokens
     stop_arr = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
@@ -186,6 +191,8 @@ def decode(
         return emit(dict(c, cache=new_cache), step_logits.astype(jnp.float32))
 
     carry = jax.lax.while_loop(cond, body, carry)
+    if dense is not None:
+        carry["cache"] = paged.end_dense_turn(carry["cache"])
     carry["cache"] = full.unwindow(carry["cache"])
     return GenerationResult(
         tokens=carry["out_tok"],
