@@ -61,6 +61,8 @@ def constrain_batch(x: jax.Array) -> jax.Array:
 
 # The dense MLP's stacked parameters (over ``cfg.dense_layers``); the MoE ones are ``moe.PARAM_AXES``.
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+# The MLP parameter names of each layer kind (is_moe -> names), stacked over that kind's layers only.
+MLP_NAMES = {False: frozenset(DENSE_MLP), True: frozenset(moe.PARAM_AXES)}
 
 
 def layer_segments(cfg: ModelConfig) -> tuple[tuple[bool, int, int, int], ...]:
@@ -136,27 +138,25 @@ class Layers(nnx.Module):
         in its kind's stack (dense or MoE). On a per-layer layout these are the layer's own buffers."""
         kind = self.cfg.is_moe_layer(i)
         at = sum(self.cfg.is_moe_layer(j) == kind for j in range(i))  # its place among its kind's layers
-        mlp = {False: set(DENSE_MLP), True: set(moe.PARAM_AXES)}
         out = {}
         for k, v in self.params().items():
-            if k in mlp[not kind]:
+            if k in MLP_NAMES[not kind]:
                 continue
-            out[k] = compute_cast(self.cfg, k, v.get_value()[at if k in mlp[kind] else i])
+            out[k] = compute_cast(self.cfg, k, v.get_value()[at if k in MLP_NAMES[kind] else i])
         return out
 
     def segments(self) -> list[tuple[tuple[bool, int, int, int], dict[str, jax.Array]]]:
         """``(segment, xs)`` per :func:`layer_segments` run: ``xs`` holds the run's slice of the attention stacks
         and of its own MLP kind's stack (the ``xs`` of one layer scan)."""
         arrays, n = self.arrays(), self.cfg.num_layers
-        mlp = {False: set(DENSE_MLP), True: set(moe.PARAM_AXES)}
         out = []
         for seg in layer_segments(self.cfg):
             is_moe, a, b, off = seg
             xs = {}
             for k, v in arrays.items():
-                if k in mlp[is_moe]:
+                if k in MLP_NAMES[is_moe]:
                     xs[k] = v if off == 0 and b - a == v.shape[0] else v[off : off + b - a]
-                elif k not in mlp[not is_moe]:
+                elif k not in MLP_NAMES[not is_moe]:
                     xs[k] = v if a == 0 and b == n else v[a:b]
             out.append((seg, xs))
         return out

@@ -109,8 +109,7 @@ def decode(
     )  # dense: a copy of the first `window` positions; paged: the page table's front
     # A paged cache on CPU: the turn runs on a dense copy of the window's pages (one gather, one scatter back),
     # not a gather of every layer's pages per step (PagedKVCache.dense_turn; None on TPU / GPU).
-    paged = cache if hasattr(cache, "dense_turn") else None
-    dense = None if paged is None else paged.dense_turn()
+    paged, dense = cache, (cache.dense_turn() if hasattr(cache, "dense_turn") else None)
     cache = cache if dense is None else dense
     B = tokens.shape[0]
     N = sp.max_new_tokens

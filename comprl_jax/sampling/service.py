@@ -84,16 +84,14 @@ def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, 
 KV_CACHES = ("dense", "paged")
 
 
-def _model_fns():
+def _decoder():
     from comprl_jax.models import decoder  # lazy: keeps this module importable without the model layer
 
-    return decoder.extend, decoder.init_cache
-
-
-def _decoder():
-    from comprl_jax.models import decoder
-
     return decoder
+
+
+def _model_fns():
+    return _decoder().extend, _decoder().init_cache
 
 
 LAYER_BUFFERS = ("auto", "stacked", "per_layer")

@@ -112,9 +112,9 @@ def bench_one(name: str, vocab: int, hf: bool, repeats: int) -> dict:
 KV_CACHE = {"kind": "paged", "layers": "auto"}  # --kv_cache, --layer_buffers
 
 
-def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
-    """Our sampler, greedy, on random prompts (token ids from ``low``): ``(row, prompts, result, seconds)``."""
-    svc = SamplerService(
+def _service(graphdef, params, cfg) -> SamplerService:
+    """Our sampler for a bench line, on ``--kv_cache`` and ``--layer_buffers``."""
+    return SamplerService(
         graphdef,
         params,
         cfg,
@@ -123,6 +123,11 @@ def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
         kv_cache=KV_CACHE["kind"],
         layer_buffers=KV_CACHE["layers"],
     )
+
+
+def _bench_ours(name, cfg, graphdef, params, batch, prompt, new, repeats, low):
+    """Our sampler, greedy, on random prompts (token ids from ``low``): ``(row, prompts, result, seconds)``."""
+    svc = _service(graphdef, params, cfg)
     prompts = np.random.default_rng(0).integers(low, cfg.vocab_size, size=(batch, prompt))
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
@@ -211,15 +216,7 @@ def bench_smollm2(hf: bool, repeats: int, batch: int = 16, prompt: int = 128, ne
 def bench_multiturn(turns: int = 5, obs: int = 32, new: int = 32) -> dict:
     """5 turns of (observation, reply): live cache + incremental prefill vs re-prefilling the whole context."""
     cfg, graphdef, params, batch, prompt, _ = _model("tiny", 4096)
-    svc = SamplerService(
-        graphdef,
-        params,
-        cfg,
-        stop_token_ids=(),
-        pad_id=0,
-        kv_cache=KV_CACHE["kind"],
-        layer_buffers=KV_CACHE["layers"],
-    )
+    svc = _service(graphdef, params, cfg)
     rng = np.random.default_rng(1)
     first = rng.integers(2, cfg.vocab_size, size=(batch, prompt)).tolist()
     obs_tok = [rng.integers(2, cfg.vocab_size, size=(batch, obs)).tolist() for _ in range(turns - 1)]
@@ -338,15 +335,7 @@ def fresh_prefill(rows: int = 8, prompt: int = 1000, new: int = 16, repeats: int
     from comprl_jax.models import zoo as model_zoo
 
     m = model_zoo.load_model("smollm2_135m_instruct", role="actor", tokenizer=None, seed=0)
-    svc = SamplerService(
-        m.graphdef,
-        m.params,
-        m.cfg,
-        stop_token_ids=(),
-        pad_id=0,
-        kv_cache=KV_CACHE["kind"],
-        layer_buffers=KV_CACHE["layers"],
-    )
+    svc = _service(m.graphdef, m.params, m.cfg)
     prompts = np.random.default_rng(0).integers(3, m.cfg.vocab_size, size=(rows, prompt)).tolist()
     sp = SamplingParams(max_new_tokens=new, greedy=True)
     key = jax.random.key(0)
