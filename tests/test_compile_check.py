@@ -161,6 +161,28 @@ def test_decode_updates_the_cache_in_place(kv_model):
     assert ln["temp_gib"] <= one_layer + scores + 1 / 32, ln  # measured 0.164 GiB (2026-12-03)
 
 
+def test_decode_with_one_kv_head_per_chip_keeps_the_cache_layout(kv_model):
+    """Tensor parallelism over all 4 KV heads (each chip holds one, as Qwen2.5-7B's 4 at ``rollout_tensor=4``):
+    the decode loop must still update the cache in place. When the write's update window held every layer
+    (``[L, Hkv, Dh]``), the TPU compiler gave the loop's cache the layout that window wants and copied the whole
+    K and V into it and back (temp 1.35 GiB here against the 1 GiB cache; 16.7 GiB per chip for the paper's
+    256-row decode on v5p-64). Each layer is now a batch dim of the scatter (``kv_cache.write``)."""
+    _need_libtpu()
+    args = ["--functions=decode", "--rows=16", "--seq_len=32768", "--set=actor.rollout_tensor=4"]
+    p, lines = _run([*_small(kv_model), *args])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (ln,) = lines
+    assert ln["mesh"]["tensor"] == 4 and ln["mesh"]["data"] == 1
+    rows_per_chip, layers, slots, kv_heads, head_dim = 16, 4, 32768, 1, 128
+    cache = 2 * layers * rows_per_chip * slots * kv_heads * head_dim * 2 / 2**30  # K and V, bf16: 1 GiB
+    one_layer = cache / layers
+    scores = rows_per_chip * 1 * 16 * slots * 4 / 2**30  # f32 [rows, 1 query head, 16 inputs, S]: 32 MiB
+    assert ln["out_gib"] == pytest.approx(cache, abs=0.01) and ln["alias_gib"] == pytest.approx(
+        cache, abs=0.01
+    )
+    assert ln["temp_gib"] <= one_layer + scores + 1 / 32, ln
+
+
 def test_grouped_prefill_holds_no_second_cache(kv_model):
     """A prefill in row groups (the extractor's fresh prefill, 16 rows x 8,192 tokens over 4 chips: 2 groups at
     the 16,384-token budget per batch shard) reads the cache in its loop and writes every row's new keys once

@@ -67,6 +67,35 @@ def test_paged_write_and_context_by_hand():
     assert np.asarray(again.k)[1, 0, 1:].sum() == np.asarray(out.k)[1, 0, 1:].sum()  # nothing else changed
 
 
+@pytest.mark.parametrize("keys_last", [False, True])
+def test_dense_write_by_hand(keys_last):
+    """Column t < num_new[b] of row b lands at slot lengths[b] + t of every layer; padding columns and slots past
+    the cache are dropped, the rest of the cache is untouched. Both dense layouts: the accelerators' [L, B, S,
+    Hkv, Dh] (its scatter batches over layers and rows) and the CPU's keys_last."""
+    cfg = ModelConfig.tiny("qwen3", num_layers=2, num_kv_heads=2, head_dim=2)
+    cache = KV.init_cache(cfg, batch=3, max_len=6, dtype=jnp.float32, keys_last=keys_last)
+    cache = cache.replace(lengths=jnp.array([1, 4, 0], jnp.int32))
+    # value = 1000 * layer + 100 * row + 10 * column + KV head (+ 0.5 in the second Dh entry); values negated
+    L, B, T, H = 2, 3, 3, 2
+    val = (
+        1000 * np.arange(L)[:, None, None, None]
+        + 100 * np.arange(B)[None, :, None, None]
+        + 10 * np.arange(T)[None, None, :, None]
+        + np.arange(H)[None, None, None, :]
+    )
+    k_new = np.stack([val, val + 0.5], axis=-1).astype(np.float32)  # [L, B, T, Hkv, Dh]
+    out = KV.write(cache, jnp.asarray(k_new), jnp.asarray(-k_new), jnp.array([2, 3, 0], jnp.int32))
+    np.testing.assert_array_equal(out.lengths, [3, 7, 0])
+    k, v = np.asarray(out.k), np.asarray(out.v)
+    if keys_last:  # back to [L, B, S, Hkv, Dh]
+        k, v = k.transpose(0, 1, 4, 2, 3), v.transpose(0, 1, 3, 2, 4)
+    want = np.zeros((L, B, 6, H, 2), np.float32)
+    want[:, 0, 1:3] = k_new[:, 0, :2]  # row 0: 2 new at slots 1, 2; its third column is padding
+    want[:, 1, 4:6] = k_new[:, 1, :2]  # row 1: slots 4, 5; its third new column (slot 6) is past the cache
+    np.testing.assert_array_equal(k, want)  # row 2 (no new tokens) untouched
+    np.testing.assert_array_equal(v, -want)
+
+
 def test_dense_turn_round_trip_by_hand():
     """A CPU turn on a paged cache runs on a dense copy of its pages (PagedKVCache.dense_turn): that copy holds
     each layer's context() in the dense CPU layout, and writing a turn into it and back (end_dense_turn) leaves the
