@@ -383,12 +383,13 @@ def test_the_capacity_study_runs_on_a_v5p_64_in_the_compilers_waves():
 
     rollout beside the extractor update: 86.166 - 2.674 (actor state) - 57.047 (gmm MoE update peak, fsdp 8 x
     tensor 4) - 0.03 - 14.236 (the extractor sampler's copy: 17.236 - 2 rows x 1.5) = 12.18 free; the actor
-    sampler's copy 7.047 - 8 x 0.4375 = 3.547 and working set 4.185 (the decode's, above the prefill's 2.345; the
-    last lines, compiled at 64 rows, 8 per group, 2026-12-06, after the prefill's row groups stopped carrying the
-    cache): (8.633 - 4.185) / 0.4375 = 10 > 8 compiled, so in proportion: 8.633 / (0.4375 + 4.185 / 8) = 8 rows
-    per group x 8 = 64 a wave (a power-of-two bucket dividing 384: 6 waves; 32 before). Distillation beside the
-    actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 - 14.236 = 26.79 / (1.5 + 16.103 /
-    2) = 2 rows per group x 8 = 16 a call (24 calls)."""
+    sampler's copy 7.047 - 8 x 0.4375 = 3.547 and working set 1.093 (the prefill's, above the decode's 0.185; the
+    last lines, compiled at 64 rows, 8 per group, 2026-12-06, after the cache write batched its layers: the decode
+    had 4.185, the prefill 2.345): (8.633 - 1.093) / 0.4375 = 17 > 8 compiled, so in proportion: 8.633 / (0.4375 +
+    1.093 / 8) = 15 rows per group x 8 = 120, so 64 a wave (the most rows dividing 384 whose power-of-two bucket
+    stays within 120: 6 waves). Distillation beside the actor update: 86.166 - 10.687 - 30.872 - 0.03 - 3.547 = 41.03 free; 41.03 -
+    14.236 = 26.79 / (1.5 + 16.103 / 2) = 2 rows per group x 8 = 16 a call (24 calls; 16.103 is the gmm extractor
+    prefill's working set, above its decode's 12.431)."""
     rp = _rp()
     flags, plan = rp.mesh_overrides("v5p-64", "capacity", 384)
     assert plan["fits"] and (plan["rollout_rows_at_once"], plan["distill_rows_at_once"]) == (64, 64)
@@ -488,8 +489,9 @@ def test_paper_runs_on_a_v5p_64_take_their_layout_from_the_compiler():
     minihack_room's 128 rows and 64 distillation rows per call (3 waves) is the fewest, and the smallest splits
     reach it: both samplers on one chip. By hand, per chip (usable 86.166): the actor's copy 28.185 - 8 x 1.75 =
     14.185, the extractor's 25.492 - 2 x 9 = 7.492; rollout beside the extractor update: 86.166 - 2.666 - 51.089 -
-    0.03 - 7.492 = 24.89 free, (24.89 - 14.185 - 3.674) / 1.75 = 4 rows x 32 = 128; distillation beside the actor
-    update: 86.166 - 1.409 - 30.858 - 0.03 - 14.185 = 39.68 free, (39.68 - 7.492 - 12.474) / 9 = 2 rows x 32 = 64.
+    0.03 - 7.492 = 24.89 free, (24.89 - 14.185 - 3.613) / 1.75 = 4 rows x 32 = 128; distillation beside the actor
+    update: 86.166 - 1.409 - 30.858 - 0.03 - 14.185 = 39.68 free, (39.68 - 7.492 - 12.494) / 9 = 2 rows x 32 = 64
+    (prefill working sets 3.613 and 12.494 as re-compiled 2026-12-06 after the cache write batched its layers).
     (Before the prefill stopped carrying its cache: the actor over 2 chips and the extractor over 4, same waves.)
     The analytic plan would have allowed 272 and 136."""
     out = _cli("--table=single", "--launcher=tpu_pod", "--tpu_name=t", "--zone=z", "--seeds=0")
