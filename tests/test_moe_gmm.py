@@ -78,6 +78,23 @@ def test_layer_matches_dropless_one_device(dispatch, layer_ref):
     _check_layer(got, want)
 
 
+def test_layer_matches_dropless_with_the_expert_weights_transposed():
+    """Hidden 128, expert width 48: the gate and up matmuls ([E, 128, 48]) go to the megablox kernel transposed
+    (``transpose_rhs``; the layout the TPU gives such weights), the down one ([E, 48, 128]) as it is. Forward and
+    gradients equal the dropless dispatch's."""
+    assert moe.rhs_transposed(128, 48) and not moe.rhs_transposed(48, 128) and not moe.rhs_transposed(32, 48)
+    cfg = ModelConfig.tiny(
+        "qwen3_moe", hidden_size=128, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48
+    )
+    rng = np.random.default_rng(1)
+    p = {n: jnp.asarray(rng.normal(0, 0.1, s), jnp.float32) for n, s in moe.param_shapes(cfg).items()}
+    x = jnp.asarray(rng.normal(size=(4, 5, cfg.hidden_size)), jnp.float32)
+    valid = jnp.asarray(np.arange(5)[None] < np.array([5, 3, 4, 1])[:, None])
+    want = jax.jit(_layer_fn(cfg))(p, x, valid)
+    got = jax.jit(_layer_fn(dataclasses.replace(cfg, moe_dispatch="gmm_interpret")))(p, x, valid)
+    _check_layer(got, want)
+
+
 # expert parallelism over fsdp (1 or 2 experts per device), with and without a tensor split of the expert width,
 # and a mesh with no expert axis (each device sorts its own tokens, no exchange)
 # and a mesh with no expert axis (each device sorts its own tokens, no exchange). "ragged": the exchange TPU runs
