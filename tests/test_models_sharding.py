@@ -103,10 +103,28 @@ def test_sharded_forward_matches_unsharded(mesh_name, reference):
             np.asarray(fwd(graphdef, params, *batch))[mask], ref_logits[mask], atol=1e-5
         )
 
-    # The cached path under the same sharding: prefill logits equal the cache-free forward.
-    cache = D.init_cache(cfg, tokens.shape[0], 16)
-    shardings = [sharding.named_sharding(mesh, a) for a in cache.axes]
-    cache = jax.device_put(cache, D.KVCache(*shardings, None, keys_last=cache.keys_last))
-    ext, cache = jax.jit(D.extend, static_argnums=0)(graphdef, params, cache, batch[0], jnp.asarray(lengths))
-    np.testing.assert_allclose(np.asarray(ext)[mask], ref_logits[mask], atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+    # The cached path under the same sharding, in both cache layouts (the accelerators' [L, B, S, Hkv, Dh], whose
+    # write batches over layers and rows, and the CPU's keys_last): prefill logits equal the cache-free forward,
+    # and a decode step after it gives the unsharded model's logits and cache.
+    ext_fn = jax.jit(D.extend, static_argnums=0)
+    step = jnp.asarray(tokens[:, :1])
+    for keys_last in (False, True):
+        cache = D.init_cache(cfg, tokens.shape[0], 16, keys_last=keys_last)
+        shardings = [sharding.named_sharding(mesh, a) for a in cache.axes]
+        cache = jax.device_put(cache, D.KVCache(*shardings, None, keys_last=keys_last))
+        ext, cache = ext_fn(graphdef, params, cache, batch[0], jnp.asarray(lengths))
+        np.testing.assert_allclose(np.asarray(ext)[mask], ref_logits[mask], atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+        assert cache.k.sharding.spec == shardings[0].spec, keys_last  # the write kept the cache's split
+        ones = jnp.ones((tokens.shape[0],), jnp.int32)
+        got, cache = ext_fn(graphdef, params, cache, step, ones)
+        ref_cache = D.init_cache(cfg, tokens.shape[0], 16, keys_last=keys_last)
+        _, ref_cache = ext_fn(graphdef, ref_params, ref_cache, jnp.asarray(tokens), jnp.asarray(lengths))
+        want, ref_cache = ext_fn(graphdef, ref_params, ref_cache, step, ones)
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), atol=1e-5, err_msg=f"keys_last={keys_last}"
+        )
+        for a, b in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), atol=1e-5, err_msg=f"keys_last={keys_last}"
+            )

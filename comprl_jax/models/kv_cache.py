@@ -280,7 +280,7 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
     L, b, t = k_new.shape[:3]
     pos = cache.lengths[:, None] + jnp.arange(t)[None, :]  # [B, T]
     valid = jnp.arange(t)[None, :] < num_new[:, None]
-    # [B, T, L, Hkv, Dh]: the (row, column) index dims first, each update a [L, Hkv, Dh] window (small: T columns).
+    # [B, T, L, Hkv, Dh]: the (row, column) index dims first (small: T columns); the windows differ by layout below.
     upd_k, upd_v = (jnp.moveaxis(x, 0, 2) for x in (k_new, v_new))
     if isinstance(cache, PagedKVCache):
         ps, n_pages = cache.page_size, cache.k.shape[2]
