@@ -508,10 +508,19 @@ def sampler_rows(c, args, role: RoleSetup, mesh) -> int:
     return bucket(rows, minimum=1, multiple=batch_devices(mesh))
 
 
-def prefill_groups(rows: int, width: int, multiple: int) -> int:
-    """The sampler's row groups (``sampling.prefill_groups`` at the service's default ``prefill_tokens``)."""
+def prefill_groups(rows: int, width: int, multiple: int, cfg=None, fresh: bool = True) -> int:
+    """The sampler's row groups (``SamplerService.prefill_groups`` at the default ``prefill_tokens``): one for a
+    prefill onto context through a kernel with no score matrix (``cfg``'s attention on the ambient mesh's
+    platform), else ``sampling.prefill_groups``."""
     from comprl_jax import sampling
+    from comprl_jax.models import attention
 
+    if (
+        cfg is not None
+        and not fresh
+        and attention.context_kernel(cfg.attention, cfg.dtype, cfg.head_dim, width)
+    ):
+        return 1
     return sampling.prefill_groups(rows, width, sampling.PREFILL_TOKENS, multiple)
 
 
@@ -550,10 +559,10 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
     mesh, params = sampler_layout(role)
     rows = sampler_rows(c, args, role, mesh)
     width = min(bucket(args.prompt_len or PROMPT_LEN[role.name], minimum=16), role.seq_len)
-    groups = prefill_groups(rows, width, batch_devices(mesh))
-    graphdef = role.graphdef
-
     fresh = starts_fresh(role)
+    with jax.set_mesh(mesh):  # the platform the groups' rule reads
+        groups = prefill_groups(rows, width, batch_devices(mesh), role.model, fresh)
+    graphdef = role.graphdef
     extend = functools.partial(decoder.extend, fresh=True) if fresh else decoder.extend
 
     def fn(params, cache, tokens, num_new):

@@ -183,6 +183,21 @@ def test_decode_with_one_kv_head_per_chip_keeps_the_cache_layout(kv_model):
     assert ln["temp_gib"] <= one_layer + scores + 1 / 32, ln
 
 
+def test_prefill_onto_context_through_splash_takes_one_group(kv_model):
+    """The actor's prefill onto its cache (4 rows x 8,192 new tokens per chip, over the 16,384-token budget) runs
+    splash, which holds no scores: one row group (``SamplerService.prefill_groups``), as the service runs it. In
+    row groups each group's rows of the cache were copied for the kernel (the paper's 7B actor prefill on v5p-64
+    at tensor 2: temp 12.8 GiB in 2 groups, 4.3 in one)."""
+    _need_libtpu()
+    args = ["--functions=prefill", "--rows=16", "--seq_len=32768", "--prompt_len=8192"]
+    p, lines = _run([*_small(kv_model), *args])
+    assert p.returncode == 0, p.stderr[-3000:]
+    (ln,) = lines
+    assert ln["attention"].endswith("splash") and ln["mesh"]["data"] == 4
+    assert ln["shapes"]["prefill_groups"] == 1 and not ln["shapes"]["fresh"], ln["shapes"]
+    assert ln["temp_gib"] <= 1.7, ln  # measured 1.689 GiB (2 groups: 1.744), 2026-12-06
+
+
 def test_grouped_prefill_holds_no_second_cache(kv_model):
     """A prefill in row groups (the extractor's fresh prefill, 16 rows x 8,192 tokens over 4 chips: 2 groups at
     the 16,384-token budget per batch shard) reads the cache in its loop and writes every row's new keys once

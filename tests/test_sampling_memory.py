@@ -106,3 +106,27 @@ def test_prefill_groups_by_hand():
         and prefill_groups(512, 2048, PREFILL_TOKENS, 32) == 2
     )
     assert prefill_groups(7, 64, 64) == 1  # an odd batch does not split
+
+
+def test_prefill_onto_context_through_a_kernel_takes_one_group():
+    """The groups bound the ``xla`` attention's scores; a prefill onto context whose attention is a kernel with no
+    score matrix (splash from 128 new tokens, cuDNN) takes one group, since each group would copy its rows' share
+    of the cache for the kernel (v5p-64 7B actor prefill at tensor 2: temp 12.8 GiB in 2 groups, 4.3 in one). A
+    fresh prefill reads no cache and keeps the budget (its groups bound the activations)."""
+    from comprl_jax.models import attention
+
+    bf16 = jnp.bfloat16
+    assert attention.context_kernel("auto", bf16, 128, 128, platform="tpu")  # splash from 128 new tokens
+    assert not attention.context_kernel("auto", bf16, 128, 64, platform="tpu")  # below: xla
+    assert attention.context_kernel("auto", bf16, 128, 16, platform="gpu")  # cuDNN at any length
+    assert not attention.context_kernel("auto", bf16, 128, 4096, platform="cpu")  # xla
+    assert not attention.context_kernel("auto", jnp.float32, 128, 4096, platform="gpu")  # cuDNN wants 16-bit
+    cfg = ModelConfig.tiny("qwen3", attention="splash")  # splash runs on CPU in interpret mode
+    graphdef, params = init_decoder(cfg, seed=0)
+    svc = SamplerService(graphdef, params, cfg, stop_token_ids=(), pad_id=0, prefill_tokens=64)
+    assert svc.prefill_groups(8, 128) == 1  # onto context, through the kernel
+    assert svc.prefill_groups(8, 128, fresh=True) == 8  # fresh: 8 x 128 tokens at 64 a group -> one row each
+    assert svc.prefill_groups(8, 64) == 8  # 64 new tokens: xla, the budget
+    xla = SamplerService(*init_decoder(ModelConfig.tiny("qwen3"), seed=0), ModelConfig.tiny("qwen3"),
+                         stop_token_ids=(), pad_id=0, prefill_tokens=64)  # fmt: skip
+    assert xla.prefill_groups(8, 128) == 8

@@ -122,6 +122,14 @@ def resolve(choice: str, dtype, head_dim: int, platform: str | None = None) -> s
     return choice
 
 
+def context_kernel(choice: str, dtype, head_dim: int, t: int, platform: str | None = None) -> bool:
+    """Whether a prefill of ``t`` new tokens onto a cache's context (:func:`context_attention`) attends through a
+    kernel that holds no score matrix (splash from 128 new tokens, cuDNN) rather than ``xla``'s float32 scores.
+    ``choice`` / ``dtype`` / ``head_dim`` / ``platform`` as in :func:`resolve`."""
+    name = resolve(choice, dtype, head_dim, platform)
+    return name == "cudnn" or (name == "splash" and t >= _LANES)
+
+
 def causal_attention(
     q: jax.Array,
     k: jax.Array,
