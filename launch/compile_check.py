@@ -509,19 +509,14 @@ def sampler_rows(c, args, role: RoleSetup, mesh) -> int:
 
 
 def prefill_groups(rows: int, width: int, multiple: int, cfg=None, fresh: bool = True) -> int:
-    """The sampler's row groups (``SamplerService.prefill_groups`` at the default ``prefill_tokens``): one for a
-    prefill onto context through a kernel with no score matrix (``cfg``'s attention on the ambient mesh's
-    platform), else ``sampling.prefill_groups``."""
+    """The sampler's row groups (``SamplerService.prefill_groups`` at the default ``prefill_tokens``; ``cfg``'s
+    attention on the ambient mesh's platform decides whether a prefill onto context runs a kernel)."""
     from comprl_jax import sampling
     from comprl_jax.models import attention
 
-    if (
-        cfg is not None
-        and not fresh
-        and attention.context_kernel(cfg.attention, cfg.dtype, cfg.head_dim, width)
-    ):
-        return 1
-    return sampling.prefill_groups(rows, width, sampling.PREFILL_TOKENS, multiple)
+    kernel = cfg is not None and not fresh
+    kernel = kernel and attention.context_kernel(cfg.attention, cfg.dtype, cfg.head_dim, width)
+    return sampling.prefill_groups(rows, width, sampling.PREFILL_TOKENS, multiple, kernel)
 
 
 def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):

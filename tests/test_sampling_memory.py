@@ -106,6 +106,7 @@ def test_prefill_groups_by_hand():
         and prefill_groups(512, 2048, PREFILL_TOKENS, 32) == 2
     )
     assert prefill_groups(7, 64, 64) == 1  # an odd batch does not split
+    assert prefill_groups(512, 2048, PREFILL_TOKENS, 32, context_kernel=True) == 1  # onto context, a kernel
 
 
 def test_prefill_onto_context_through_a_kernel_takes_one_group():

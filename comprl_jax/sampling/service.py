@@ -61,15 +61,31 @@ def cache_shardings(mesh, cfg, cache):
 PREFILL_TOKENS = 16384  # SamplerService's default prefill_tokens
 
 
-def prefill_groups(rows: int, width: int, prefill_tokens: int = PREFILL_TOKENS, multiple: int = 1) -> int:
+def prefill_groups(
+    rows: int,
+    width: int,
+    prefill_tokens: int = PREFILL_TOKENS,
+    multiple: int = 1,
+    context_kernel: bool = False,
+) -> int:
     """Row groups for a turn's input of ``rows x width`` tokens: halved while a group's share of one batch shard
     (``rows / groups / multiple`` rows, ``multiple`` the mesh's batch shards) exceeds ``prefill_tokens`` tokens
-    (0 = one group) and each half still holds a multiple of ``multiple``.
+    (0 = one group) and each half still holds a multiple of ``multiple``. ``context_kernel``: the input attends to
+    a cache's context through a kernel with no score matrix (``attention.context_kernel``): one group.
+
+    A prefill onto context through splash (from 128 new tokens) or cuDNN takes one group: the groups bound the
+    ``xla`` scores, which it does not have, and each group would copy its rows' share of the cache for the kernel
+    (the TPU compiler: v5p-64 7B actor prefill, 256 rows x 2k onto 32k at tensor 2, temp 12.8 GiB in 2 groups,
+    4.3 in one; tensor 4 6.6 in 4, 4.8 in one). A fresh prefill (``context_kernel`` False) keeps the budget: it
+    reads no cache, and its groups bound the activations (the 4B extractor's 64 x 16k at tensor 4: 9.4 GiB in 8
+    groups, 10.1 in one).
 
     The budget is per batch shard because the buffers it bounds are: each device holds its own rows' activations
     and (``xla`` attention) scores, and each group re-reads the weights. Per mesh, a pod split into groups of one
     row per chip whatever its memory (v5p-64 actor prefill, 256 rows x 2k onto a 32k cache: 8 groups, temp 16.0
     GiB; per shard, with ``decode.prefill``'s loop that does not carry the cache: one group, 3.7 GiB)."""
+    if context_kernel:
+        return 1
     g = 1
     while (
         prefill_tokens
@@ -365,21 +381,16 @@ class SamplerService:
 
     def prefill_groups(self, rows: int, width: int, fresh: bool = False) -> int:
         """Row groups for a turn's input of ``rows x width`` tokens (:func:`prefill_groups`); ``fresh``: onto an
-        empty cache (``run(fresh=True)``).
-
-        A prefill onto context whose attention is a kernel with no score matrix (splash from 128 new tokens, cuDNN:
-        ``attention.context_kernel``) takes one group: the groups bound the ``xla`` scores, which it does not have,
-        and each group would copy its rows' share of the cache for the kernel (the TPU compiler: v5p-64 7B actor
-        prefill, 256 rows x 2k onto 32k at tensor 2, temp 12.8 GiB in 2 groups, 4.3 in one; tensor 4 6.6 in 4, 4.8
-        in one). A fresh prefill keeps the budget: it reads no cache, and its groups bound the activations (the 4B
-        extractor's 64 x 16k at tensor 4: 9.4 GiB in 8 groups, 10.1 in one)."""
+        empty cache (``run(fresh=True)``), else onto context (one group where that attends through a kernel)."""
+        kernel = False
         if not fresh:
             from comprl_jax.models import attention  # lazy, as _decoder()
 
             with self._mesh_ctx():  # the platform is the mesh's devices'
-                if attention.context_kernel(self.cfg.attention, self.cfg.dtype, self.cfg.head_dim, width):
-                    return 1
-        return prefill_groups(rows, width, self.prefill_tokens, self._batch_multiple)
+                kernel = attention.context_kernel(
+                    self.cfg.attention, self.cfg.dtype, self.cfg.head_dim, width
+                )
+        return prefill_groups(rows, width, self.prefill_tokens, self._batch_multiple, kernel)
 
     def _mesh_ctx(self):
         # The model reads the ambient mesh (jax.set_mesh) to pin activations to the batch axes.
