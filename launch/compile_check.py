@@ -508,14 +508,13 @@ def sampler_rows(c, args, role: RoleSetup, mesh) -> int:
     return bucket(rows, minimum=1, multiple=batch_devices(mesh))
 
 
-def prefill_groups(rows: int, width: int, multiple: int, cfg=None, fresh: bool = True) -> int:
+def prefill_groups(rows: int, width: int, multiple: int, cfg, fresh: bool) -> int:
     """The sampler's row groups (``SamplerService.prefill_groups`` at the default ``prefill_tokens``; ``cfg``'s
     attention on the ambient mesh's platform decides whether a prefill onto context runs a kernel)."""
     from comprl_jax import sampling
-    from comprl_jax.models import attention
+    from comprl_jax.sampling import service
 
-    kernel = cfg is not None and not fresh
-    kernel = kernel and attention.context_kernel(cfg.attention, cfg.dtype, cfg.head_dim, width)
+    kernel = service.reads_context_through_kernel(cfg, width, fresh)
     return sampling.prefill_groups(rows, width, sampling.PREFILL_TOKENS, multiple, kernel)
 
 

@@ -282,6 +282,7 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
     valid = jnp.arange(t)[None, :] < num_new[:, None]
     # [B, T, L, Hkv, Dh]: the (row, column) index dims first (small: T columns); the windows differ by layout below.
     upd_k, upd_v = (jnp.moveaxis(x, 0, 2) for x in (k_new, v_new))
+    slot = jnp.where(valid, pos, cache.capacity)  # a dense cache's [B, T] slots; past the cache: dropped
     if isinstance(cache, PagedKVCache):
         ps, n_pages = cache.page_size, cache.k.shape[2]
         col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
@@ -295,7 +296,7 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         )
         dims_k = dims_v = dims
     elif cache.keys_last:
-        idx = jnp.where(valid, pos, cache.capacity)[..., None]  # [B, T, 1]; past the cache: dropped
+        idx = slot[..., None]  # [B, T, 1]
 
         def slot_dims(s_axis: int):  # the slot's axis: 4 in k [L, B, Hkv, Dh, S], 3 in v [L, B, Hkv, S, Dh]
             return jax.lax.ScatterDimensionNumbers(
@@ -315,8 +316,9 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         # decode loop's carried cache the layout that window wants (layers next to Dh) wherever a shard holds one
         # KV head (tensor parallelism = Hkv, e.g. Qwen2.5-7B at tensor 4), and copied the whole K and V into it
         # and back: temp 16.7 GiB per v5p chip for the paper's 256-row decode, 0.74 with this write.
-        idx = jnp.where(valid, pos, cache.capacity)[..., None]  # [B, T, 1]; past the cache: dropped
-        idx = jnp.broadcast_to(idx[:, :, None], (b, t, L, 1))  # [B, T, L, 1]
+        idx = jnp.broadcast_to(
+            slot[:, :, None, None], (b, t, L, 1)
+        )  # [B, T, L, 1]: each layer at its row's slot
         dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
             update_window_dims=(3, 4),  # Hkv, Dh
             inserted_window_dims=(2,),  # one slot

@@ -97,6 +97,17 @@ def prefill_groups(
     return g
 
 
+def reads_context_through_kernel(cfg, width: int, fresh: bool) -> bool:
+    """Whether a turn's input of ``width`` tokens attends to a cache's context (not ``fresh``) through a kernel
+    with no score matrix (``attention.context_kernel`` for ``cfg``'s attention on the ambient mesh's platform):
+    :func:`prefill_groups`' ``context_kernel``, for the service and ``launch/compile_check.py`` alike."""
+    if fresh:
+        return False
+    from comprl_jax.models import attention  # lazy, as _decoder()
+
+    return attention.context_kernel(cfg.attention, cfg.dtype, cfg.head_dim, width)
+
+
 KV_CACHES = ("dense", "paged")
 
 
@@ -382,14 +393,8 @@ class SamplerService:
     def prefill_groups(self, rows: int, width: int, fresh: bool = False) -> int:
         """Row groups for a turn's input of ``rows x width`` tokens (:func:`prefill_groups`); ``fresh``: onto an
         empty cache (``run(fresh=True)``), else onto context (one group where that attends through a kernel)."""
-        kernel = False
-        if not fresh:
-            from comprl_jax.models import attention  # lazy, as _decoder()
-
-            with self._mesh_ctx():  # the platform is the mesh's devices'
-                kernel = attention.context_kernel(
-                    self.cfg.attention, self.cfg.dtype, self.cfg.head_dim, width
-                )
+        with self._mesh_ctx():  # the platform is the mesh's devices'
+            kernel = reads_context_through_kernel(self.cfg, width, fresh)
         return prefill_groups(rows, width, self.prefill_tokens, self._batch_multiple, kernel)
 
     def _mesh_ctx(self):
