@@ -30,6 +30,9 @@ Functions (``--functions``, comma list; default: the first four):
                      60,000 at ~4 characters per token, bucketed), cache ``extractor.max_context``; a fresh
                      prefill (``extend(fresh=True)``: the cache is empty, the prompt attends among its own tokens
                      through ``extractor.attention``), as ``SamplerService.generate`` runs it.
+  The sampler functions' cache is ``<role>.kv_cache``: dense, or paged (``--set=actor.kv_cache=paged``: a pool with
+                     every row's pages assigned, as ``SamplerService.new_cache`` makes it; the pool is replicated
+                     over the batch axes, so at paper scale it does not fit: WORKSPACE "The paged pool on a mesh").
   actor_logprobs, extractor_logprobs    ``make_logprob_fn`` (pi_old before the first step: the extractor always, the
                      actor with ``actor.updates_per_batch > 1``) over the step's rows.
 
@@ -526,11 +529,26 @@ def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):
     from comprl_jax import sampling
     from comprl_jax.models import decoder
 
-    # the layout for the mesh's platform (a TPU topology here, though this host is a CPU)
-    cpu = mesh.devices.flat[0].platform == "cpu"
-    abstract = jax.eval_shape(lambda: decoder.init_cache(role.model, rows, slots, keys_last=cpu))
+    if kv_kind(role) == "paged":
+        # As SamplerService.new_cache(rows, slots) makes it: every row's pages assigned, a pool of rows x pages.
+        from comprl_jax.models import kv_cache
+
+        ps = kv_cache.PAGE_SIZE
+        per_row = -(-slots // ps)
+        abstract = jax.eval_shape(
+            lambda: kv_cache.init_paged_cache(role.model, rows, per_row * ps, rows * per_row, ps)
+        )
+    else:
+        # the layout for the mesh's platform (a TPU topology here, though this host is a CPU)
+        cpu = mesh.devices.flat[0].platform == "cpu"
+        abstract = jax.eval_shape(lambda: decoder.init_cache(role.model, rows, slots, keys_last=cpu))
     shardings = sampling.cache_shardings(mesh, role.model, abstract)
     return jax.tree.map(lambda x, s: sds(x.shape, x.dtype, s), abstract, shardings)
+
+
+def kv_kind(role: RoleSetup) -> str:
+    """The role's sampler cache, ``<role>.kv_cache``: "dense" or "paged" (``--set=actor.kv_cache=paged``)."""
+    return getattr(role.section, "kv_cache", "dense")
 
 
 def starts_fresh(role: RoleSetup) -> bool:
@@ -576,6 +594,7 @@ def prefill_fn(c, args, role: RoleSetup) -> Lowerable:
         "cache_len": role.seq_len,
         "prefill_groups": groups,
         "fresh": fresh,
+        "kv_cache": kv_kind(role),
     }
     return Lowerable(jax.jit(fn, donate_argnums=1), a, {}, mesh, shapes, role.name)
 
@@ -615,6 +634,7 @@ def decode_fn(c, args, role: RoleSetup) -> Lowerable:
         "cache_len": role.seq_len,
         "max_new_tokens": sp.max_new_tokens,
         "fresh": fresh,
+        "kv_cache": kv_kind(role),
     }
     return Lowerable(decode_lib.make_decode_fn(decoder.extend), a, kw, mesh, shapes, role.name)
 

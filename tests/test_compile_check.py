@@ -183,6 +183,34 @@ def test_decode_with_one_kv_head_per_chip_keeps_the_cache_layout(kv_model):
     assert ln["temp_gib"] <= one_layer + scores + 1 / 32, ln
 
 
+def test_paged_decode_keeps_the_pool_in_place_with_one_kv_head_per_chip(kv_model):
+    """A paged cache (``actor.kv_cache=paged``) at tensor 4 (one of the 4 KV heads per chip): the decode's
+    temporaries are one layer's gathered window for its first 16-token step (the gather path: K and V, and their
+    row-major copy for attention), not the pool. The in-scan write of the kernel path viewed the pool as
+    ``[L * Hkv * P, page, Dh]``, merging the split head axis: the TPU compiler all-gathered the whole pool for every
+    layer of every step (temp 2.01 GiB here); the write after the first step had the layers in its update window
+    and relaid the pool out for it (1.005 GiB). Both scatter with the layers / heads as batch dims now; the prefill
+    gathers a layer's pages from the stacked pool (``kv_cache.gather_pages(layer=)``), not from a copy of its slice
+    (1.782 -> 1.688 GiB, the dense cache's 1.689)."""
+    _need_libtpu()
+    args = [
+        "--functions=decode,prefill", "--rows=16", "--seq_len=32768", "--prompt_len=8192",
+        "--set=actor.rollout_tensor=4", "--set=actor.kv_cache=paged",
+    ]  # fmt: skip
+    p, lines = _run([*_small(kv_model), *args])
+    assert p.returncode == 0, p.stderr[-3000:]
+    dec, pre = lines
+    assert dec["shapes"]["kv_cache"] == "paged" and dec["mesh"]["tensor"] == 4, dec
+    rows_per_chip, layers, slots, kv_heads, head_dim = 16, 4, 32768, 1, 128
+    pool = 2 * layers * rows_per_chip * slots * kv_heads * head_dim * 2 / 2**30  # K and V, bf16: 1 GiB
+    window = pool / layers  # one layer's gathered K and V: 0.25 GiB
+    assert dec["out_gib"] == pytest.approx(pool, abs=0.01) and dec["alias_gib"] == pytest.approx(
+        pool, abs=0.01
+    )
+    assert dec["temp_gib"] <= 2 * window + 1 / 32, dec  # measured 0.508 GiB (2026-12-06)
+    assert pre["temp_gib"] <= 1.7, pre  # measured 1.688 (the dense cache: 1.689)
+
+
 def test_prefill_onto_context_through_splash_takes_one_group(kv_model):
     """The actor's prefill onto its cache (4 rows x 8,192 new tokens per chip, over the 16,384-token budget) runs
     splash, which holds no scores: one row group (``SamplerService.prefill_groups``), as the service runs it. In

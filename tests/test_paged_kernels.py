@@ -165,3 +165,51 @@ def test_paged_decode_compiles_for_v5p_with_the_mosaic_kernel():
     assert out["1"]["picked"] == "tpu" and out["1"]["kernels"] >= 1 and out["1"]["pool_copies"] == 0
     assert out["1"]["temp_bytes"] < out["1"]["pool_bytes"]
     assert out["16"]["picked"] is None and out["16"]["kernels"] == 0
+
+
+# The Triton kernel in Pallas' interpreter: the TPU kernel's interpreter (force_tpu_interpret_mode) hung under
+# shard_map on several fake devices (no CPU use after minutes; 2026-12-06).
+KERNEL_ON_MESH = "gpu"
+
+
+def test_kernel_path_with_heads_split_over_tensor_equals_one_device():
+    """The kernel path on a decode mesh of 8 fake devices (rows over data 4, KV heads over tensor 2, the pool
+    split over its KV heads as the sampler places it): three decode steps give the one-device gather path's
+    logits and cache. The in-scan write (``kv_cache.write_layer``) scatters with the KV heads as a batch dim of
+    the scatter; its flat ``[L * Hkv * P, page, Dh]`` view merged the split head axis, and the TPU compiler
+    all-gathered the whole pool for every layer of every step (``tests/test_compile_check.py``)."""
+    from comprl_jax.runtime import sharding as shd
+    from comprl_jax.sampling.service import cache_shardings
+
+    cfg = ModelConfig.tiny("qwen3", head_dim=128, num_heads=4, num_kv_heads=2)
+    graphdef, params = init_decoder(cfg, seed=0)
+    rng = np.random.default_rng(1)
+    B, PS, W, NP = 4, 16, 4, 16
+    toks = rng.integers(1, cfg.vocab_size, (B, 40)).astype(np.int32)
+    cache = D.init_paged_cache(cfg, B, W * PS, num_pages=NP, page_size=PS)
+    cache = cache.replace(pages=jnp.asarray(rng.permutation(NP).reshape(B, W), jnp.int32))
+    _, cache = D.extend(graphdef, params, cache, toks[:, :33], jnp.array([20, 7, 33, 1], jnp.int32))
+    mesh = shd.make_mesh({"data": 4, "tensor": 2})
+    sp = jax.device_put(params, shd.state_shardings(params, mesh))
+    sc = jax.device_put(cache, cache_shardings(mesh, cfg, cache))
+    assert sc.k.sharding.spec[1] == "tensor", sc.k.sharding  # the pool is split over its KV heads
+    rows = shd.named_sharding(mesh, ("batch",))
+    gather = jax.jit(lambda p, c, t, n: D.extend(graphdef, p, c, t, n))
+    with PK.forced(KERNEL_ON_MESH, interpret=True), jax.set_mesh(mesh):
+        fused = jax.jit(lambda p, c, t, n: D.extend(graphdef, p, c, t, n))
+        assert KV.decode_kernel(sc, 1) == KERNEL_ON_MESH
+    c1, c2 = cache, sc
+    for s in range(3):
+        tok = toks[:, 33 + s : 34 + s]
+        num = jnp.array([1, 1, 1, 1 if s < 2 else 0], jnp.int32)
+        l1, c1 = gather(params, c1, tok, num)
+        with PK.forced(KERNEL_ON_MESH, interpret=True), jax.set_mesh(mesh):
+            l2, c2 = fused(sp, c2, jax.device_put(tok, rows), jax.device_put(num, rows))
+        live = slice(0, 4 if s < 2 else 3)
+        np.testing.assert_allclose(np.asarray(l2)[live], np.asarray(l1)[live], atol=2e-6, rtol=0)
+        np.testing.assert_array_equal(c2.lengths, c1.lengths)
+        # sharded matmuls round differently (1e-6); a key or value in the wrong slot differs by O(1)
+        np.testing.assert_allclose(np.asarray(c2.k), np.asarray(c1.k), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(c2.v), np.asarray(c1.v), atol=1e-5, rtol=0)
+    assert c2.k.sharding.spec[1] == "tensor"
+    np.testing.assert_array_equal(c2.lengths, [23, 10, 36, 3])

@@ -228,12 +228,28 @@ DENSE_SPECS_CPU = ("bkds", "bksd")  # KVCache.keys_last
 PAGED_SPECS = ("bksd", "bksd")
 
 
-def gather_pages(pool: jax.Array, pages: jax.Array) -> jax.Array:
+def gather_pages(pool: jax.Array, pages: jax.Array, layer: jax.Array | None = None) -> jax.Array:
     """Each row's pages in position order, rows first: pool ``[..., Hkv, P, page, Dh]`` (a layer's, or every
     layer's with a leading ``L``) and page table ``[B, W]`` -> ``[..., B, Hkv, W * page, Dh]``; page id ``P`` reads
     zeros. One gather: the table's (B, W) land at the output dims before Hkv and before page. Heads-first
     (``[Hkv, B, ...]``, ``jnp.take``'s order) made the decode dot transpose every layer's gathered context on every
-    step (tiny Tunix model 3.3 -> 2.4 ms a step)."""
+    step (tiny Tunix model 3.3 -> 2.4 ms a step).
+
+    ``layer``: an int32 scalar; the pool is every layer's ``[L, Hkv, P, page, Dh]`` and the gather reads layer
+    ``layer``'s pages from it (``[B, Hkv, W * page, Dh]``). ``pool[layer]`` first would copy the layer's whole
+    pool out of the stack (the TPU compiler: a 128 MiB slice per layer for 16 rows of 32k positions per chip).
+    """
+    if layer is not None:
+        n_layers, hkv, _, ps, dh = pool.shape
+        b, w = pages.shape
+        # an out-of-range layer would clamp, and page id P must still read zeros: P stays out of range
+        at = jnp.broadcast_to(jnp.asarray(layer, pages.dtype), pages.shape)
+        dims = jax.lax.GatherDimensionNumbers(
+            offset_dims=(1, 3, 4), collapsed_slice_dims=(0, 2), start_index_map=(0, 2)
+        )
+        idx = jnp.stack([at, pages], axis=-1)  # [B, W, 2]: (layer, page)
+        got = jax.lax.gather(pool, idx, dims, (1, hkv, 1, ps, dh), mode="fill", fill_value=0)
+        return got.reshape(b, hkv, w * ps, dh)
     lead = pool.ndim - 4
     *pre, hkv, _, ps, dh = pool.shape
     b, w = pages.shape
@@ -256,7 +272,7 @@ def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, t
       gathered from the pool (``S`` = the page table's columns x page size), :data:`PAGED_SPECS`.
     """
     if isinstance(cache, PagedKVCache):
-        k, v = gather_pages(cache.k[layer], cache.pages), gather_pages(cache.v[layer], cache.pages)
+        k, v = gather_pages(cache.k, cache.pages, layer), gather_pages(cache.v, cache.pages, layer)
         s, specs = k.shape[2], PAGED_SPECS
     else:
         k, v = cache.k[layer], cache.v[layer]
@@ -288,13 +304,18 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
         page = jnp.take_along_axis(cache.pages, col, axis=1)
         page = jnp.where(valid & (pos < cache.capacity), page, n_pages)  # no page: dropped
+        # Layers are a batch dim of the scatter, each update an [Hkv, Dh] window, as the dense cache's below: with
+        # the layers inside the window the TPU compiler laid the pool out with layers next to Dh for the scatter
+        # and copied K and V into that layout and back (v5p, 4 KV heads at tensor 4: temp 1.0 GiB, the pool's size).
         idx = jnp.stack([page, pos % ps], axis=-1)  # [B, T, 2]
-        dims = jax.lax.ScatterDimensionNumbers(
-            update_window_dims=(2, 3, 4),  # L, Hkv, Dh
+        idx = jnp.broadcast_to(idx[:, :, None, :], (b, t, L, 2))  # [B, T, L, 2]: each layer at its row's slot
+        dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
+            update_window_dims=(3, 4),  # Hkv, Dh
             inserted_window_dims=(2, 3),  # one page, one offset
             scatter_dims_to_operand_dims=(2, 3),
+            operand_batching_dims=(0,),  # layer l: its own indices and updates
+            scatter_indices_batching_dims=(2,),
         )
-        dims_k = dims_v = dims
     elif cache.keys_last:
         idx = slot[..., None]  # [B, T, 1]
 
@@ -419,16 +440,24 @@ def write_layer(cache: PagedKVCache, pools, layer: jax.Array, k_new: jax.Array, 
     page = jnp.where((num_new > 0) & (pos < cache.capacity), page, n_pages)  # n_pages: out of bounds, dropped
     off = pos % ps
 
-    n_layers, hkv, _, _, dh = cache.k.shape
-    # Global page ids in the pool viewed as [L * Hkv * P, page, Dh] (the kernels' view): one [Dh] row per
-    # (row, head), so the update has the pool's minor dims and XLA keeps the pool's layout (the kernel's).
-    gpage = (layer * hkv + jnp.arange(hkv)[None, :]) * n_pages + page[:, None]  # [B, Hkv]
-    gpage = jnp.where(page[:, None] < n_pages, gpage, n_layers * hkv * n_pages)
+    b, hkv = page.shape[0], cache.k.shape[1]
+    # Each (row, KV head) writes one [Dh] row at (layer, page, offset); the KV heads are a batch dim of the
+    # scatter, as the pool's split is. A flat [L * Hkv * P, page, Dh] view of the pool (the kernels' view) merged
+    # the head axis, which the pool splits over `tensor`: the TPU compiler all-gathered the whole pool for every
+    # layer of every step (v5p, 4 KV heads at tensor 4: temp 2.0 GiB against the 1 GiB pool).
+    idx = jnp.stack([jnp.broadcast_to(layer, page.shape).astype(jnp.int32), page, off], axis=-1)  # [B, 3]
+    idx = jnp.broadcast_to(idx[:, None, :], (b, hkv, 3))
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(2,),  # Dh
+        inserted_window_dims=(0, 2, 3),  # one layer, page, offset
+        scatter_dims_to_operand_dims=(0, 2, 3),
+        operand_batching_dims=(1,),  # KV head h takes the indices and update of head h
+        scatter_indices_batching_dims=(1,),
+    )
+    mode = jax.lax.GatherScatterMode.FILL_OR_DROP
 
     def put(pool, new):
-        flat = pool.reshape(n_layers * hkv * n_pages, ps, dh)
-        flat = flat.at[gpage, off[:, None]].set(new[:, 0].astype(pool.dtype), mode="drop")
-        return flat.reshape(pool.shape)
+        return jax.lax.scatter(pool, idx, new[:, 0].astype(pool.dtype), dims, mode=mode)
 
     return put(pools[0], k_new), put(pools[1], v_new)
 
