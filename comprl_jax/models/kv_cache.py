@@ -304,17 +304,20 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
         page = jnp.take_along_axis(cache.pages, col, axis=1)
         page = jnp.where(valid & (pos < cache.capacity), page, n_pages)  # no page: dropped
-        # Layers are a batch dim of the scatter, each update an [Hkv, Dh] window, as the dense cache's below: with
-        # the layers inside the window the TPU compiler laid the pool out with layers next to Dh for the scatter
-        # and copied K and V into that layout and back (v5p, 4 KV heads at tensor 4: temp 1.0 GiB, the pool's size).
+        # Layers and KV heads are batch dims of the scatter, each update one [Dh] row at (page, offset), as the
+        # kernel path's write_layer. With the layers inside the window ([L, Hkv, Dh]) the TPU compiler relaid the
+        # pool out for the scatter and copied K and V there and back (v5p, 4 KV heads at tensor 4: decode temp 1.0
+        # GiB, the pool's size); with [Hkv, Dh] windows it did so where a chip holds 2 heads (4.0 GiB at data 2 x
+        # tensor 2). This form: 0.51 GiB at tensor 1, 2 and 4 (tests/test_compile_check.py).
+        hkv = cache.k.shape[1]
         idx = jnp.stack([page, pos % ps], axis=-1)  # [B, T, 2]
-        idx = jnp.broadcast_to(idx[:, :, None, :], (b, t, L, 2))  # [B, T, L, 2]: each layer at its row's slot
+        idx = jnp.broadcast_to(idx[:, :, None, None, :], (b, t, L, hkv, 2))  # every layer and head at the slot
         dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
-            update_window_dims=(3, 4),  # Hkv, Dh
+            update_window_dims=(4,),  # Dh
             inserted_window_dims=(2, 3),  # one page, one offset
             scatter_dims_to_operand_dims=(2, 3),
-            operand_batching_dims=(0,),  # layer l: its own indices and updates
-            scatter_indices_batching_dims=(2,),
+            operand_batching_dims=(0, 1),  # layer l, head h: their own indices and updates
+            scatter_indices_batching_dims=(2, 3),
         )
     elif cache.keys_last:
         idx = slot[..., None]  # [B, T, 1]
