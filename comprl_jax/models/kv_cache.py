@@ -240,9 +240,9 @@ def gather_pages(pool: jax.Array, pages: jax.Array, layer: jax.Array | None = No
     pool out of the stack (the TPU compiler: a 128 MiB slice per layer for 16 rows of 32k positions per chip).
     """
     if layer is not None:
-        n_layers, hkv, _, ps, dh = pool.shape
+        _, hkv, _, ps, dh = pool.shape
         b, w = pages.shape
-        # an out-of-range layer would clamp, and page id P must still read zeros: P stays out of range
+        # page id P is out of range: mode="fill" reads zeros for its whole [Hkv, page, Dh] slice
         at = jnp.broadcast_to(jnp.asarray(layer, pages.dtype), pages.shape)
         dims = jax.lax.GatherDimensionNumbers(
             offset_dims=(1, 3, 4), collapsed_slice_dims=(0, 2), start_index_map=(0, 2)
@@ -311,7 +311,8 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         # tensor 2). This form: 0.51 GiB at tensor 1, 2 and 4 (tests/test_compile_check.py).
         hkv = cache.k.shape[1]
         idx = jnp.stack([page, pos % ps], axis=-1)  # [B, T, 2]
-        idx = jnp.broadcast_to(idx[:, :, None, None, :], (b, t, L, hkv, 2))  # every layer and head at the slot
+        # every layer and head at its row's slot: [B, T, L, Hkv, 2]
+        idx = jnp.broadcast_to(idx[:, :, None, None, :], (b, t, L, hkv, 2))
         dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
             update_window_dims=(4,),  # Dh
             inserted_window_dims=(2, 3),  # one page, one offset
