@@ -548,7 +548,7 @@ def abstract_cache(role: RoleSetup, mesh, rows: int, slots: int):
 
 def kv_kind(role: RoleSetup) -> str:
     """The role's sampler cache, ``<role>.kv_cache``: "dense" or "paged" (``--set=actor.kv_cache=paged``)."""
-    return getattr(role.section, "kv_cache", "dense")
+    return role.section.kv_cache
 
 
 def starts_fresh(role: RoleSetup) -> bool:

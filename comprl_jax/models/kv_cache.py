@@ -282,6 +282,16 @@ def context(cache, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, t
     return k, v, valid, specs
 
 
+def page_slots(cache: PagedKVCache, pos: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Where positions ``pos [B, T]`` of a paged cache's rows live: ``(page, offset)``, each ``[B, T]`` int32.
+    ``page`` is the pool's page count ``P`` (out of bounds: a scatter drops it) where ``valid`` is False, the
+    position is past the page table, or the row has no page there."""
+    ps, n_pages = cache.page_size, cache.k.shape[2]
+    col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
+    page = jnp.take_along_axis(cache.pages, col, axis=1)
+    return jnp.where(valid & (pos < cache.capacity), page, n_pages), pos % ps
+
+
 def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written=None):
     """Appends every layer's new keys and values: column ``t < num_new[b]`` of row ``b`` goes to position
     ``lengths[b] + t``; positions past the cache (or without a page) are dropped. ``lengths += num_new``.
@@ -300,17 +310,14 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
     upd_k, upd_v = (jnp.moveaxis(x, 0, 2) for x in (k_new, v_new))
     slot = jnp.where(valid, pos, cache.capacity)  # a dense cache's [B, T] slots; past the cache: dropped
     if isinstance(cache, PagedKVCache):
-        ps, n_pages = cache.page_size, cache.k.shape[2]
-        col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
-        page = jnp.take_along_axis(cache.pages, col, axis=1)
-        page = jnp.where(valid & (pos < cache.capacity), page, n_pages)  # no page: dropped
+        page, off = page_slots(cache, pos, valid)
         # Layers and KV heads are batch dims of the scatter, each update one [Dh] row at (page, offset), as the
         # kernel path's write_layer. With the layers inside the window ([L, Hkv, Dh]) the TPU compiler relaid the
         # pool out for the scatter and copied K and V there and back (v5p, 4 KV heads at tensor 4: decode temp 1.0
         # GiB, the pool's size); with [Hkv, Dh] windows it did so where a chip holds 2 heads (4.0 GiB at data 2 x
         # tensor 2). This form: 0.51 GiB at tensor 1, 2 and 4 (tests/test_compile_check.py).
         hkv = cache.k.shape[1]
-        idx = jnp.stack([page, pos % ps], axis=-1)  # [B, T, 2]
+        idx = jnp.stack([page, off], axis=-1)  # [B, T, 2]
         # every layer and head at its row's slot: [B, T, L, Hkv, 2]
         idx = jnp.broadcast_to(idx[:, :, None, None, :], (b, t, L, hkv, 2))
         dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
@@ -341,9 +348,8 @@ def write(cache, k_new: jax.Array, v_new: jax.Array, num_new: jax.Array, written
         # decode loop's carried cache the layout that window wants (layers next to Dh) wherever a shard holds one
         # KV head (tensor parallelism = Hkv, e.g. Qwen2.5-7B at tensor 4), and copied the whole K and V into it
         # and back: temp 16.7 GiB per v5p chip for the paper's 256-row decode, 0.74 with this write.
-        idx = jnp.broadcast_to(
-            slot[:, :, None, None], (b, t, L, 1)
-        )  # [B, T, L, 1]: each layer at its row's slot
+        # [B, T, L, 1]: each layer at its row's slot
+        idx = jnp.broadcast_to(slot[:, :, None, None], (b, t, L, 1))
         dims_k = dims_v = jax.lax.ScatterDimensionNumbers(
             update_window_dims=(3, 4),  # Hkv, Dh
             inserted_window_dims=(2,),  # one slot
@@ -437,12 +443,7 @@ def write_layer(cache: PagedKVCache, pools, layer: jax.Array, k_new: jax.Array, 
     Returns:
       the updated ``(k, v)``.
     """
-    ps, n_pages = cache.page_size, cache.k.shape[2]
-    pos = cache.lengths
-    col = jnp.clip(pos // ps, 0, cache.pages.shape[1] - 1)
-    page = jnp.take_along_axis(cache.pages, col[:, None], axis=1)[:, 0]
-    page = jnp.where((num_new > 0) & (pos < cache.capacity), page, n_pages)  # n_pages: out of bounds, dropped
-    off = pos % ps
+    page, off = (x[:, 0] for x in page_slots(cache, cache.lengths[:, None], (num_new > 0)[:, None]))
 
     b, hkv = page.shape[0], cache.k.shape[1]
     # Each (row, KV head) writes one [Dh] row at (layer, page, offset); the KV heads are a batch dim of the
