@@ -234,8 +234,13 @@ def test_decoder_forward_and_gradients_match_xla(backend, monkeypatch):
     flat0, flat1 = jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)
     assert len(flat0) > 10
     for (path, a), b in zip(flat0, flat1, strict=True):
+        # Normwise per leaf: the tied embedding's gradient sums the head's terms over every token (entries up to
+        # ~30), so its small entries carry float32 rounding of that size times 1e-6. Against a float64 run of this
+        # setup every path is ~4e-5 off there (xla 4.5e-5 / 4.1e-5 before the G * T matmuls, cudnn 4.2e-5), more
+        # than a fixed 2e-5; the backends still agree with xla to 2e-5 of each leaf's largest entry.
+        scale = max(1.0, float(np.abs(np.asarray(a)).max()))
         np.testing.assert_allclose(
-            np.asarray(b), np.asarray(a), atol=ATOL, rtol=RTOL, err_msg=jax.tree_util.keystr(path)
+            np.asarray(b), np.asarray(a), atol=ATOL * scale, rtol=RTOL, err_msg=jax.tree_util.keystr(path)
         )
 
 

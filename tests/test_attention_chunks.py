@@ -36,6 +36,40 @@ def test_chunked_equals_dense(causal, t):
         L.QUERY_CHUNK = old
 
 
+def _numpy_attention(q, k, v, vis):
+    """Grouped-query softmax attention in float64 numpy, one (row, head) at a time: the hand reference."""
+    b, t, h, dh = q.shape
+    g = h // k.shape[2]
+    out = np.zeros((b, t, h, dh))
+    for r in range(b):
+        for j in range(h):
+            s = q[r, :, j] @ k[r, :, j // g].T / np.sqrt(dh)  # [T, S]
+            s = np.where(vis[r], s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[r, :, j] = (p / p.sum(-1, keepdims=True)) @ v[r, :, j // g]
+    return out.reshape(b, t, h * dh)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_dense_attention_of_each_layout_equals_numpy(platform, monkeypatch):
+    """``_attention_dense`` builds its matmuls per platform (CPU: G * T rows of each dot; elsewhere the
+    ``[B, T, Hkv, G, Dh]`` form, which the TPU compiler holds in fewer temporaries). Each equals a float64 numpy
+    softmax over each query's visible keys (GQA 4 / 2 heads, left padding in row 0, queries after 3 context keys)."""
+    t, s = 6, 9
+    kq, kk, kv = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(kq, (2, t, 4, 8))
+    k = jax.random.normal(kk, (2, s, 2, 8))
+    v = jax.random.normal(kv, (2, s, 2, 8))
+    q_pos = jnp.broadcast_to(jnp.arange(s - t, s), (2, t))  # the last t of s keys: a prefill onto context
+    valid = jnp.arange(s)[None] >= jnp.array([[2], [0]])  # row 0: 2 left-padding keys
+    vis = np.asarray(L.visible(q_pos, valid))
+    monkeypatch.setattr(L.sharding, "target_platform", lambda: platform)
+    # a fresh function: a jit of L._attention_dense itself would reuse the other case's trace
+    out = jax.jit(lambda *a: L._attention_dense(*a))(q, k, v, q_pos, valid)
+    want = _numpy_attention(*(np.asarray(x, np.float64) for x in (q, k, v)), vis)
+    np.testing.assert_allclose(np.asarray(out), want, atol=1e-6, rtol=1e-6)
+
+
 def test_causal_attention_memory_grows_linearly_with_length():
     """XLA's buffer plan for the attention gradient: doubling T at most ~doubles the temporaries (one chunk's
     scores at a time), where holding every chunk's scores would quadruple them."""

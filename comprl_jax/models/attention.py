@@ -72,27 +72,9 @@ def _fallback(backend: str, reason: str) -> str:
     return "xla"
 
 
-def target_platform() -> str:
-    """The platform the computation is built for: the ambient mesh's devices (an AOT compile for a TPU topology
-    runs on a CPU host with a TPU mesh), else the default backend. ``"tpu"``, ``"gpu"``, ``"cpu"``, ..."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        dev = getattr(mesh, "abstract_device", None)
-        if dev is not None and getattr(dev, "platform", None):
-            return _canonical(dev.platform)
-    try:  # a concrete mesh set outside jit (jax.set_mesh) without a usable abstract device
-        from jax._src import mesh as mesh_lib
-
-        concrete = mesh_lib.get_concrete_mesh()
-        if concrete is not None and not concrete.empty:
-            return _canonical(concrete.devices.flat[0].platform)
-    except (ImportError, AttributeError):
-        pass
-    return _canonical(jax.default_backend())
-
-
-def _canonical(platform: str) -> str:
-    return "gpu" if platform in ("cuda", "gpu") else platform
+# The platform a computation is built for (the ambient mesh's devices, else the default backend); it lives with the
+# meshes so that models.layers, below this module, can read it too.
+target_platform = sharding.target_platform
 
 
 def resolve(choice: str, dtype, head_dim: int, platform: str | None = None) -> str:

@@ -72,6 +72,29 @@ def resolve_axes(axes: Mapping[str, int], num_devices: int) -> dict[str, int]:
     return {k: axes[k] for k in MESH_AXES}
 
 
+def target_platform() -> str:
+    """The platform the computation is built for: the ambient mesh's devices (an AOT compile for a TPU topology
+    runs on a CPU host with a TPU mesh), else the default backend. ``"tpu"``, ``"gpu"``, ``"cpu"``, ..."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        dev = getattr(mesh, "abstract_device", None)
+        if dev is not None and getattr(dev, "platform", None):
+            return _canonical(dev.platform)
+    try:  # a concrete mesh set outside jit (jax.set_mesh) without a usable abstract device
+        from jax._src import mesh as mesh_lib
+
+        concrete = mesh_lib.get_concrete_mesh()
+        if concrete is not None and not concrete.empty:
+            return _canonical(concrete.devices.flat[0].platform)
+    except (ImportError, AttributeError):
+        pass
+    return _canonical(jax.default_backend())
+
+
+def _canonical(platform: str) -> str:
+    return "gpu" if platform in ("cuda", "gpu") else platform
+
+
 def make_mesh(axes: Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with axes ``(data, fsdp, tensor)``; all axes Explicit-free (Auto) so jit propagates shardings.
 
