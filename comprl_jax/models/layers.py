@@ -167,9 +167,9 @@ def _attention_dense(
         o = jnp.einsum("bkms,bskd->bkmd", p, v.astype(f32)).reshape(b, hkv, g, t, dh).transpose(0, 3, 1, 2, 4)
     else:
         # Accelerators keep [B, T, Hkv, G, Dh] queries and outputs. The TPU compiler gives the form above more
-        # temporaries: its value dot made a float32 copy of the bf16 values (a decode's 16-token first step onto a
-        # 32k cache on v5p:2x2x1: temp 0.38 against 0.16 GiB, tests/test_compile_check.py), and its score dot
-        # alone took the paper's 256-row decode on v5p-64 from 0.74 to 0.85 GiB.
+        # temporaries: with its value dot a decode's 16-token first step onto a 32k cache on v5p:2x2x1 took 0.38
+        # against 0.16 GiB (tests/test_compile_check.py; the extra is one layer's values in float32), and its
+        # score dot alone took the paper's 256-row decode on v5p-64 from 0.74 to 0.85 GiB.
         qg = q.astype(f32).reshape(b, t, hkv, g, dh)
         s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(f32)) * (dh**-0.5)
         p = jax.nn.softmax(jnp.where(vis, s, NEG_INF), axis=-1)
