@@ -159,7 +159,7 @@ def _attention_dense(
     if sharding.target_platform() == "cpu":
         # A KV head's G query heads and T queries form one matmul dimension (M = G * T) of both dots, batched over
         # [B, Hkv]: the sums of the form below, which XLA:CPU runs faster this way (WORKSPACE "Attention's
-        # matmuls with G * T rows": a training step of 4 x 4,096 tokens 19.9 -> 13.6 s; the Tunix line's sampler
+        # matmuls with G * T rows": a forward + backward of 4 x 4,096 tokens 19.9 -> 13.6 s; the Tunix line's sampler
         # call 216 -> 211 ms, log-probabilities bit-equal).
         qg = q.astype(f32).reshape(b, t, hkv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, dh)
         s = jnp.einsum("bkmd,bskd->bkms", qg, k.astype(f32)).reshape(b, hkv, g, t, -1) * (dh**-0.5)
