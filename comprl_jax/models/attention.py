@@ -72,17 +72,12 @@ def _fallback(backend: str, reason: str) -> str:
     return "xla"
 
 
-# The platform a computation is built for (the ambient mesh's devices, else the default backend); it lives with the
-# meshes so that models.layers, below this module, can read it too.
-target_platform = sharding.target_platform
-
-
 def resolve(choice: str, dtype, head_dim: int, platform: str | None = None) -> str:
     """The backend that runs for config value ``choice`` (``auto`` or one of :data:`BACKENDS`) with q/k/v of
-    ``dtype`` and ``head_dim`` on ``platform`` (default: :func:`target_platform`); a fallback is logged once."""
+    ``dtype`` and ``head_dim`` on ``platform`` (default: :func:`comprl_jax.runtime.sharding.target_platform`); a fallback is logged once."""
     if choice not in CHOICES:
         raise ValueError(f"attention={choice!r}; use one of {CHOICES}")
-    platform = platform or target_platform()
+    platform = platform or sharding.target_platform()
     low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if choice == "auto":
         if platform == "tpu":
@@ -133,7 +128,7 @@ def causal_attention(
       ``[B, T, H * Dh]`` in ``q.dtype``.
     """
     b, t, h, dh = q.shape
-    platform = target_platform()
+    platform = sharding.target_platform()
     name = resolve(backend, q.dtype, dh, platform)
     mask = jnp.broadcast_to(mask.astype(bool), (b, t))
     if segment_ids is not None:
@@ -333,7 +328,7 @@ def context_attention(
     """
     b, t, h, dh = q.shape
     s = k_ctx.shape[1]
-    platform = target_platform()
+    platform = sharding.target_platform()
     name = resolve(backend, q.dtype, dh, platform)
     if name == "splash" and t >= _LANES:
         return splash_context(

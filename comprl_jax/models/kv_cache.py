@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from comprl_jax.models import paged_kernels
 from comprl_jax.models.config import ModelConfig
+from comprl_jax.runtime import sharding
 
 # Logical axes of the dense KV cache arrays (for the sampler to place the cache on a mesh).
 CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")  # k and v [L, B, S, Hkv, Dh]
@@ -164,9 +165,7 @@ class PagedKVCache:
         Tunix model's paged decode step 2.36 -> 1.95 ms, the dense cache's). Memory during the turn: the window's
         ``B x W x page`` positions, as a dense turn's window.
         """
-        from comprl_jax.models.attention import target_platform
-
-        if target_platform() != "cpu" or decode_kernel(self, 1) is not None:
+        if sharding.target_platform() != "cpu" or decode_kernel(self, 1) is not None:
             return None
         v = gather_pages(self.v, self.pages)  # [L, B, Hkv, S, Dh]
         k = jnp.swapaxes(gather_pages(self.k, self.pages), 3, 4)  # keys_last: [L, B, Hkv, Dh, S]
@@ -184,12 +183,10 @@ def init_cache(
     cfg: ModelConfig, batch: int, max_len: int, dtype=None, keys_last: bool | None = None
 ) -> KVCache:
     """An empty cache (``lengths = 0``) for ``batch`` rows of up to ``max_len`` tokens; dtype defaults to cfg.dtype.
-    ``keys_last`` (default: whether the cache is built for CPU, :func:`comprl_jax.models.attention.target_platform`:
+    ``keys_last`` (default: whether the cache is built for CPU, :func:`comprl_jax.runtime.sharding.target_platform`:
     the ambient mesh's devices, else the default backend) picks the CPU layout (see :class:`KVCache`)."""
     if keys_last is None:
-        from comprl_jax.models.attention import target_platform
-
-        keys_last = target_platform() == "cpu"
+        keys_last = sharding.target_platform() == "cpu"
     L, h, d = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     dt = jnp.dtype(dtype or cfg.dtype)
     ks, vs = (

@@ -48,7 +48,7 @@ and ``lengths [B]``; they attend to ``lengths`` cached positions and return no l
   ``shard_map`` (a GSPMD scatter of ``[B, Hkv, Dh]`` into the head-split pool).
 
 The choice (:func:`choose`): ``KERNEL = "auto"`` picks ``"tpu"`` / ``"gpu"`` by
-:func:`comprl_jax.models.attention.target_platform` (the ambient mesh's devices, else the default backend) and
+:func:`comprl_jax.runtime.sharding.target_platform` (the ambient mesh's devices, else the default backend) and
 the gather path elsewhere; tests set ``KERNEL = "tpu"`` or ``"gpu"`` (or use :func:`forced`) to run a kernel on
 CPU, where it runs in Pallas' interpreter (``INTERPRET = None``: interpret when the platform is not the kernel's;
 TPU: ``pltpu.force_tpu_interpret_mode()``, the TPU op exposes no ``interpret`` argument; GPU: the op's
@@ -64,6 +64,8 @@ import logging
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from comprl_jax.runtime import sharding
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +105,12 @@ def _pow2(n: int) -> bool:
 def choose(cache, t: int) -> str | None:
     """``"tpu"`` / ``"gpu"``: the kernel a step of ``t`` new tokens per row on ``cache`` runs; None: the gather
     path (dense caches, prefills, CPU, or a shape the kernel cannot take; the last logged once)."""
-    from comprl_jax.models import attention
-
     # A paged cache is the one with a page table (kv_cache imports this module: no import back).
     if not hasattr(cache, "pages") or t != 1 or KERNEL == "gather":
         return None
     if KERNEL not in CHOICES:
         raise ValueError(f"paged kernel {KERNEL!r}; use one of {CHOICES}")
-    platform = attention.target_platform()
+    platform = sharding.target_platform()
     kernel = platform if KERNEL == "auto" else KERNEL
     if kernel not in KERNELS:
         return None
@@ -137,9 +137,7 @@ def choose(cache, t: int) -> str | None:
 def _interpret(kernel: str, platform: str | None = None) -> bool:
     if INTERPRET is not None:
         return bool(INTERPRET)
-    from comprl_jax.models import attention
-
-    return (platform or attention.target_platform()) != kernel
+    return (platform or sharding.target_platform()) != kernel
 
 
 def _largest_pow2_divisor(n: int, cap: int) -> int:
