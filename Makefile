@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat setup.py Makefile | sha1sum | cut -c1-12)
 export XLA_PYTHON_CLIENT_PREALLOCATE := false
 
-.PHONY: demo test setup lint bench clean peers libtpu sandbox
+.PHONY: demo test setup lint bench clean peers libtpu sandbox warm-start
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,12 @@ setup: $(STAMP) $(LIBTPU_STAMP) sandbox
 
 demo: $(STAMP)  # the demo needs no TPU compiler
 	$(PYTHON) launch/demo.py --workdir=runs/demo
+
+# Trains the warm-start actor and extractor (issue 49) into comprl_jax/models/warm/ (the repository ships them: the
+# demo never needs this), then measures their skills on held-out material (launch/bench/warm_start.py).
+warm-start: $(STAMP)
+	$(PYTHON) launch/warm_start.py
+	$(PYTHON) launch/bench/warm_start.py
 
 # Two pytest-xdist workers (TEST_WORKERS=N for more on a bigger machine; memory: up to ~8 GB each). Compiling is
 # mostly single-threaded and many tests wait on subprocesses, so two workers halve the suite's time on 2 cores.

@@ -24,10 +24,16 @@ opens).
 
 from comprl_jax.config import apply_tasks, build
 
+# attempts per episode -> env id: a wrong action ends the episode, or (3) resets the lock with feedback
+ENVS = {"1": "comprl/HiddenRule-v0", "3": "comprl/HiddenRule-3Tries-v0"}
+
 
 def get_config(arg: str | None = None):
     def edit(c, scale, extras):
-        apply_tasks(c, ("comprl/HiddenRule-v0",))  # 4 turns (the registry's limit), 128 steps
+        attempts = extras.get("attempts", "1")
+        if attempts not in ENVS:
+            raise ValueError(f"config variant attempts={attempts!r}: use attempts=1 or attempts=3")
+        apply_tasks(c, (ENVS[attempts],))  # 4 turns (the registry's limit), 128 steps
 
     def after_scale(c, scale):
         if scale == "cpu":
@@ -35,6 +41,16 @@ def get_config(arg: str | None = None):
             c.rollout.group_size = 8
             c.actor.lr = 1e-3
             c.actor.updates_per_batch = 1
+        elif scale == "warm":
+            # The shipped warm-start models (issue 49): they read and write lessons before RL starts. 8 tasks x 8
+            # episodes a step as :cpu; a smaller step than :cpu's 1e-3 for models whose skills the update must
+            # keep; held-out evaluation over 16 tasks x 4 episodes per mode.
+            c.rollout.tasks_per_step = 8
+            c.rollout.group_size = 8
+            c.actor.lr = 3e-4
+            c.extractor.lr = 3e-4
+            c.actor.updates_per_batch = 1
+            c.train.eval_tasks = 16
         elif scale == "smollm":
             c.rollout.tasks_per_step = 4
             c.rollout.group_size = 8

@@ -1,25 +1,20 @@
-"""`make demo`: Complementary RL learning MiniHack Room-5x5 on this CPU (the outcome-only baseline beside it on request).
+"""`make demo`: Complementary RL on HiddenRule with the shipped warm models; does experience help?
 
-  python launch/demo.py --workdir=runs/demo [--steps=9] [--baseline] [--verbosity=0]
+  python launch/demo.py --workdir=runs/demo [--steps=12] [--baseline] [--room] [--verbosity=0]
 
-Trains `configs/minihack_room.py:cpu` (tiny random-init actor and extractor, constrained actions and ops, a MiniLM
-retriever over the experience bank; 2 tasks x 16 episodes of up to 20 actions a step) on Room-5x5 for `--steps`
-steps into WORKDIR/complementary (and with `--baseline` the baseline, `,baseline`: no experience, no extractor, for as
-many steps into WORKDIR/baseline); prints the training success per step (arms side by side) and what it shows, the
-evaluation, and where the metrics, TensorBoard logs, checkpoints and the plot (WORKDIR/curves.png) are. Measured
-2026-12-05 on the 2-core box: Complementary RL 8 steps in 8.1 min (~50 s a step after the first: rollout with search &
-ask ~20 s, actor update ~20 s, extraction ~10 s), the baseline 8 steps in 4.3 min (~28 s a step); 9 steps of the
-first fit the 10-minute aim, the comparison does not, hence opt-in. Re-running resumes from WORKDIR (delete it, or
-`make clean`, to start over). Library logs are quiet (--verbosity=0 shows every INFO log).
-
-What the curve shows: Room-5x5 is one fixed level (start top-left, stairs bottom-right), which a uniform random
-policy solves in ~5% of episodes at this turn budget; the tiny actor starts uniform over the 8 moves and learns to
-walk southeast, so training success leaves zero after 4-5 steps (2026-12-05: 0, 0, 0, 0, 0.03, 0.09, 0.19, 0.09 for
-Complementary RL; 0, 0, 0.03, 0.09, 0.13, 0.28, 0.19, 0.50 for the baseline; WORKSPACE "Does it learn?"). On one fixed
-level there is nothing for experience to add; where experience can matter, and what we measured there, is WORKSPACE
-"HiddenRule: can experience matter?".
+Trains `configs/hidden_rule.py:warm` (issue 49: a small actor that reads lessons and a small extractor that writes
+them, warm-started by supervised learning on a synthetic corpus, `launch/warm_start.py`; 8 tasks x 8 episodes a
+step, half guided by a retrieved lesson, half free) for `--steps` steps into WORKDIR/complementary, then evaluates
+the actor on held-out instances (place names never seen in training) with and without experience, 64 episodes per
+mode, and prints what the numbers show, computed from them with their standard errors. HiddenRule: 16 families of
+locked objects, each opened by one secret action of 8 drawn from the run's seed; a lesson from one solved instance
+holds for its whole family, so an actor that reads lessons can beat one that must learn 16 rules into its weights
+(uniform random: 0.125). `--baseline` adds the outcome-only baseline for as many steps (WORKDIR/baseline);
+`--room` runs the former demo instead (tiny random-init models on MiniHack Room-5x5, `configs/minihack_room.py:cpu`).
+Re-running resumes from WORKDIR (delete it, or `make clean`, to start over).
 """
 
+import math
 import os
 import sys
 import time
@@ -33,30 +28,59 @@ from comprl_jax import config as config_lib
 from launch import common as lu
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "run directory (one sub-directory per arm)")
-_STEPS = flags.DEFINE_integer("steps", 9, "training steps per arm")
-_BASELINE = flags.DEFINE_boolean(
-    "baseline", False, "also train the outcome-only baseline (about 4.5 min more)"
-)
+_STEPS = flags.DEFINE_integer("steps", 12, "training steps per arm")
+_BASELINE = flags.DEFINE_boolean("baseline", False, "also train the outcome-only baseline")
+_ROOM = flags.DEFINE_boolean("room", False, "the Room-5x5 demo with tiny random-init models instead")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = "comprl/MiniHack-Room-5x5-v0"
+ROOM = "comprl/MiniHack-Room-5x5-v0"
 
 
-def demo_config(steps: int, method: str = "complementary"):
-    config = config_lib.load_file(os.path.join(REPO, "configs", "minihack_room.py") + f":cpu,{method}")
-    config.env.tasks = (ENV,)
+def demo_config(steps: int, method: str = "complementary", room: bool = False):
+    if room:
+        config = config_lib.load_file(os.path.join(REPO, "configs", "minihack_room.py") + f":cpu,{method}")
+        config.env.tasks = (ROOM,)
+        config.train.eval_tasks = 2  # one fixed level: 2 x 8 episodes of it, with and without experience
+    else:
+        config = config_lib.load_file(os.path.join(REPO, "configs", "hidden_rule.py") + f":warm,{method}")
+        config.train.eval_tasks = 16  # 16 held-out tasks x 4 episodes = 64 per mode
     config.train.steps = steps
-    config.train.eval_tasks = 2  # one fixed level: 2 x 8 episodes of it, with and without experience
     config.checkpoint.every = steps
     return config
 
 
-def _curve(workdir: str) -> list[float]:
+def verdict(p_with: float, n_with: int, p_without: float, n_without: int) -> str:
+    """One sentence of what a with / without experience evaluation shows, from its numbers: the difference, its
+    standard error (two independent binomial proportions) and z; "helped" / "hurt" at |z| >= 2, else no clear
+    difference."""
+    se1 = math.sqrt(p_with * (1 - p_with) / n_with) if n_with else float("nan")
+    se0 = math.sqrt(p_without * (1 - p_without) / n_without) if n_without else float("nan")
+    d, se = p_with - p_without, math.sqrt(se1**2 + se0**2)
+    z = d / se if se > 0 else (math.inf if d > 0 else -math.inf if d < 0 else 0.0)
+    head = (
+        f"With experience the actor won {p_with:.3f} +- {se1:.3f} of {n_with} held-out episodes, without "
+        f"{p_without:.3f} +- {se0:.3f} of {n_without}: a difference of {d:+.3f} +- {se:.3f} (z = {z:.1f}), so "
+    )
+    if z >= 2:
+        return head + "experience helped."
+    if z <= -2:
+        return head + "experience hurt."
+    return head + "these episodes show no clear difference either way."
+
+
+def _curves(workdir: str, keys=("success", "success/guided", "success/free")) -> dict[str, list]:
     from comprl_jax.runtime import metrics as mlib
 
     rows = mlib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    by_step = {int(r["step"]): float(r["success"]) for r in rows if "success" in r}
-    return [by_step[k] for k in sorted(by_step)]
+    by_step = {int(r["step"]): r for r in rows if "success" in r}
+    return {k: [by_step[s].get(k) for s in sorted(by_step)] for k in keys}
+
+
+def _eval_of(result: dict, mode: str):
+    section = (result.get("eval") or {}).get(mode) or {}
+    for e in section.values():
+        return e["success"], e["episodes"]
+    return None, 0
 
 
 def main(argv):
@@ -65,57 +89,60 @@ def main(argv):
     t0 = time.time()
     from comprl_jax.config import validate
 
+    room = _ROOM.value
     arms = ["complementary"] + (["baseline"] if _BASELINE.value else [])
-    configs = {m: demo_config(_STEPS.value, m) for m in arms}
+    configs = {m: demo_config(_STEPS.value, m, room) for m in arms}
     for c in configs.values():
         validate(c)
     root = os.path.abspath(_WORKDIR.value)
     undo = lu.prepare_workdir(root)
-    print(f"[demo] {' vs '.join(arms)} on {ENV}, tiny models, {_STEPS.value} steps each -> {root}")
+    env = configs["complementary"].env.tasks[0]
+    models = "tiny random-init models" if room else "the shipped warm-start models"
+    print(f"[demo] {' vs '.join(arms)} on {env}, {models}, {_STEPS.value} steps each -> {root}")
     outs = {}
     try:
         from comprl_jax.loop import run as run_lib
         from launch.tables import eval_table
 
         for m in arms:
-            print(
-                f"[demo] {m}: {configs[m].rollout.tasks_per_step * configs[m].rollout.group_size} episodes a step"
-            )
-            outs[m] = run_lib.run(configs[m], os.path.join(root, m))
+            c = configs[m]
+            print(f"[demo] {m}: {c.rollout.tasks_per_step * c.rollout.group_size} episodes a step")
+            outs[m] = run_lib.run(c, os.path.join(root, m))
     except BaseException:
         lu.undo_workdir(root, undo)
         raise
     from comprl_jax.runtime.metrics import plot_curves
 
-    curves = {m: _curve(os.path.join(root, m)) for m in arms}
     plot = plot_curves(
         {m: os.path.join(root, m, "metrics.jsonl") for m in arms}, os.path.join(root, "curves.png")
     )
     print(f"\n[demo] done in {(time.time() - t0) / 60:.1f} min")
-    print("[demo] training success per step (32 episodes each):")
-    print("  step " + "".join(f"{m:>15}" for m in arms))
-    for k in range(max(len(v) for v in curves.values())):
-        print(
-            f"  {k:4d} " + "".join(f"{curves[m][k]:15.3f}" if k < len(curves[m]) else " " * 15 for m in arms)
-        )
-    first = {m: sum(v[:2]) / len(v[:2]) for m, v in curves.items() if v}
-    last = {m: sum(v[-2:]) / len(v[-2:]) for m, v in curves.items() if v}
+    curves = _curves(os.path.join(root, "complementary"))
+    base = _curves(os.path.join(root, "baseline"))["success"] if "baseline" in arms else None
     print(
-        "[demo] what it shows: training success over the first two steps -> the last two: "
-        + ", ".join(f"{m} {first[m]:.2f} -> {last[m]:.2f}" for m in curves)
-        + ". Success leaving zero means the actor is learning the level (a uniform random policy: ~0.05 at these "
-        "turns). It is one fixed level, which a constant 'southeast' solves, so experience has nothing to add here; "
-        "the setting where it can matter is WORKSPACE 'HiddenRule: can experience matter?'."
+        "[demo] training success per step, Complementary RL's guided half (a lesson in the prompt) and free half:"
     )
+    print("  step    guided      free" + ("  baseline" if base else ""))
+    for k, (g, f) in enumerate(zip(curves["success/guided"], curves["success/free"], strict=True)):
+        cells = f"  {k:4d} {_cell(g)} {_cell(f)}" + (
+            f" {_cell(base[k] if k < len(base) else None)}" if base else ""
+        )
+        print(cells)
     for m in arms:
         if outs[m].get("eval"):
-            print(
-                f"[demo] {m}, evaluation on the level (8 episodes per mode):\n" + eval_table(outs[m]["eval"])
-            )
+            print(f"[demo] {m}, held-out evaluation:\n" + eval_table(outs[m]["eval"]))
+    p1, n1 = _eval_of(outs["complementary"], "with_exp")
+    p0, n0 = _eval_of(outs["complementary"], "without_exp")
+    if p1 is not None and p0 is not None:
+        print("[demo] what it shows: " + verdict(p1, n1, p0, n0))
     print(f"[demo] metrics:     {os.path.join(root, '<arm>', 'metrics.jsonl')}")
     print(f"[demo] tensorboard: {lu.tensorboard_command(os.path.join(root, arms[0], 'tb'))}")
     print(f"[demo] checkpoints: {os.path.join(root, '<arm>', 'checkpoints')}")
     print(f"[demo] plot:        {plot}")
+
+
+def _cell(x) -> str:
+    return f"{x:9.3f}" if x is not None else "        -"
 
 
 if __name__ == "__main__":

@@ -105,6 +105,7 @@ LAYERS = (
     ("roles",),  # a trained model and its sampler, training batches
     ("config",),
     ("loop",),  # the trainer and what it drives
+    ("warm",),  # the warm-start corpus, vocabulary and supervised trainer (issue 49)
 )
 
 

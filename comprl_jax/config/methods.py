@@ -49,6 +49,16 @@ METHOD_FLAGS = {
         "bank.offline": True,
         "experience.blank": False,
     },
+    # Complementary RL with self-distillation (paper §4.3, SPEC §7): an SFT term on the guided trajectories that
+    # beat their group's free mean, experience stripped. The coefficient is ours (the paper gives none).
+    "self_distill": {
+        "actor.train": True,
+        "extractor.train": True,
+        "experience.enabled": True,
+        "bank.offline": False,
+        "experience.blank": False,
+        "actor.self_distill_coef": 0.1,
+    },
     # Control arm (issue 19): the full loop, but the guided half's experience block is blanked (header, "[No
     # experience found]" and filler to the same token length) and search & ask is off: what the subgroup split and
     # the longer prompt do on their own, without any experience content.

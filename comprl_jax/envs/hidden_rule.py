@@ -49,11 +49,13 @@ def rules(rule_seed: int, families: int = len(FAMILIES), code_len: int = 1) -> d
     }
 
 
-def instance(seed: int, families: int = len(FAMILIES)) -> tuple[str, str]:
-    """``(family, place name)`` of task ``seed``: training names below :data:`EVAL_SEEDS_FROM`, held-out names from
-    it on."""
+def instance(
+    seed: int, families: int = len(FAMILIES), train_names: tuple[str, ...] = TRAIN_NAMES
+) -> tuple[str, str]:
+    """``(family, place name)`` of task ``seed``: training names (``train_names``) below :data:`EVAL_SEEDS_FROM`,
+    held-out names from it on."""
     rng = np.random.default_rng([int(seed), zlib.crc32(b"hidden-rule-instance")])
-    names = TRAIN_NAMES if int(seed) < EVAL_SEEDS_FROM else EVAL_NAMES
+    names = train_names if int(seed) < EVAL_SEEDS_FROM else EVAL_NAMES
     return FAMILIES[int(rng.integers(0, families))], names[int(rng.integers(0, len(names)))]
 
 
@@ -77,13 +79,21 @@ class HiddenRuleEnv(TextEnv):
         attempts: int = 1,
         rule_seed: int = 0,
         max_turns: int = 30,
+        train_names: tuple[str, ...] = TRAIN_NAMES,
     ):
+        """``train_names``: place names of training instances (the warm-start corpus draws other ones besides,
+        ``warm/corpus.py``); held-out instances always use :data:`EVAL_NAMES`, which no training name may be."""
         if not 1 <= families <= len(FAMILIES):
             raise ValueError(f"HiddenRule: families must be in [1, {len(FAMILIES)}], got {families}")
         if code_len < 1 or attempts < 1:
             raise ValueError(f"HiddenRule: code_len and attempts must be >= 1, got {code_len}, {attempts}")
         super().__init__(max_turns)
         self.families, self.code_len, self.attempts = int(families), int(code_len), int(attempts)
+        if set(train_names) & set(EVAL_NAMES) or not train_names:
+            raise ValueError(
+                f"HiddenRule: train_names must be non-empty and hold no held-out name {EVAL_NAMES}"
+            )
+        self.train_names = tuple(train_names)
         self.rule_seed = int(rule_seed)
         self.rules = rules(self.rule_seed, self.families, self.code_len)
         self.family, self.name = FAMILIES[0], TRAIN_NAMES[0]
@@ -101,7 +111,7 @@ class HiddenRuleEnv(TextEnv):
     def _reset(self, seed: int | None) -> tuple[str, dict[str, Any]]:
         if seed is None:
             seed = int(self.np_random.integers(0, EVAL_SEEDS_FROM))
-        self.family, self.name = instance(int(seed), self.families)
+        self.family, self.name = instance(int(seed), self.families, self.train_names)
         self._progress, self._left = 0, self.attempts
         goal = f"Open the {self.family} in the {self.name}."
         text = self._obs("A new room.")

@@ -155,6 +155,14 @@ register(
     run_seed_kwarg="rule_seed",
     limits=Limits(max_turns=4),
 )
+# The same with 3 tries (issue 49 point 4: actions per success): a wrong action resets the lock with feedback.
+register(
+    "comprl/HiddenRule-3Tries-v0",
+    "comprl_jax.envs.hidden_rule:HiddenRuleEnv",
+    run_seed_kwarg="rule_seed",
+    limits=Limits(max_turns=4),
+    attempts=3,
+)
 
 # SWE-Lite (issue 32): procedural bugs in 9 pinned PyPI projects, fixed with the paper's tools in a bubblewrap
 # sandbox; 238 training tasks of 6 projects, held out: the 3 other projects (100 tasks, the primary figure), then

@@ -54,12 +54,22 @@ from comprl_jax.rollout.episodes import Trajectory
 _WORD = r"[a-z][a-z ,]{0,%d}"
 
 
-def ops_regex(max_title: int = 20, max_content: int = 80) -> str:
-    """Extractor output grammar for tiny constrained extractors: one short lowercase lesson, or return."""
-    lesson = f"<title>{_WORD % max_title}</title><content>{_WORD % max_content}</content>"
-    add = r'\{"function_name": "add", "parameters": \{"new_memory": "' + lesson + r'"\}\}'
+def ops_regex(max_title: int = 20, max_content: int = 80, max_targets: int = 5) -> str:
+    """Extractor output grammar for small constrained extractors: one op, an ``add`` or an ``update`` of up to
+    ``max_targets`` previous lessons (one-digit indices, in the field order ``json.dumps`` writes) with one short
+    lowercase lesson, or ``return``."""
+    memory = (
+        r'"new_memory": "'
+        + f"<title>{_WORD % max_title}</title><content>{_WORD % max_content}</content>"
+        + '"'
+    )
+    add = r'\{"function_name": "add", "parameters": \{' + memory + r"\}\}"
+    targets = r"\[[1-9](, [1-9]){0," + str(max_targets - 1) + r"}\]"
+    update = (
+        r'\{"function_name": "update", "parameters": \{"target_idx": ' + targets + ", " + memory + r"\}\}"
+    )
     ret = r'\{"function_name": "return"\}'
-    return r"<answer>\[(" + add + "|" + ret + r")\]</answer>"
+    return r"<answer>\[(" + add + "|" + update + "|" + ret + r")\]</answer>"
 
 
 @dataclasses.dataclass

