@@ -77,13 +77,19 @@ def test_actor_prompts_are_the_rollouts_own(boot):
     seen = collections.Counter()
     for a in C.examples("actor", 1, 400):
         prompt, target = a.ids(boot)
-        system, obs, info, _ = C.play(a.attempts, a.seed, a.rule, (), a.extra_names)
+        system, obs, info, _ = C.play(a.attempts, a.seed, a.rule, (), a.extra_names, a.think)
         spec = C.EpisodeSpec(C.Task(C.ENV_ID, a.seed, 0), 0, a.entries is not None, experience=a.experience)
         ep = start_episodes({C.ENV_ID: system}, [spec], [(obs, info)], boot, "")[0]
         assert prompt[: len(ep.pending)] == ep.pending
         if not a.history:
             assert prompt == ep.pending
-        assert boot.decode(target) == f"<answer>{a.target}</answer><|im_end|>"
+        assert boot.decode(target) == C.reply(a.think, a.target) + "<|im_end|>"
+        own = [x for x in a.entries or () if x.family == a.family]
+        assert len(own) <= 1
+        if own:  # the entry about the episode's family, as the block shows it
+            assert a.think == C.format_entry(own[0].text)
+        else:  # what the observation says after the family's name
+            assert a.think.startswith(a.family) and a.think in obs
         seen[a.kind] += 1
     assert set(seen) == {"follow", "avoid", "stale", "other", "invalid_verb", "none"}
 
@@ -123,21 +129,20 @@ def test_extractor_answers_follow_the_grammar_and_the_rules_of_the_docstring():
         res = parse_ops(e.answer, len(e.previous), 200)
         assert not res.rejected
         kinds[e.kind] += 1
-        own = [i for i, x in enumerate(e.previous) if x.family == e.family]
-        for op in res.ops:
-            fam, verbs, works = C.read_lesson(op.new_memory)
-            assert fam == e.family
-            if e.success:  # after a success: the verb that worked, claimed to work
-                assert works and verbs == [e.rule]
-            else:  # after a failure: what failed, never claimed to work
-                assert not works and set(e.played) <= set(verbs) and e.rule not in verbs
-            if op.function == "update":  # only lessons of the episode's own family are replaced
-                assert set(op.targets) <= set(own)
-        if e.success and not res.ops:  # return after a success: the bank already says exactly this
-            assert own and all(e.previous[i].works and e.previous[i].verbs == (e.rule,) for i in own)
-    assert set(kinds) == {
-        "add_works", "update_works", "return_known", "add_failed", "update_failed", "fix_claim", "return_failed"
-    }  # fmt: skip
+        claims = [i for i, x in enumerate(e.previous) if x.family == e.family and x.works]
+        assert len(res.ops) == 1
+        op = res.ops[0]
+        fam, verbs, works = C.read_lesson(op.new_memory)
+        assert fam == e.family
+        if e.success:  # after a success: the verb that worked, claimed to work
+            assert works and verbs == [e.rule]
+            wrong = [i for i in claims if e.previous[i].verbs[0] != e.rule]
+        else:  # after a failure: what failed, never claimed to work
+            assert not works and verbs == list(dict.fromkeys(e.played)) and e.rule not in verbs
+            wrong = [i for i in claims if e.previous[i].verbs[0] in e.played]
+        # only the lessons the outcome contradicts are replaced
+        assert (op.function, op.targets) == (("update", tuple(wrong)) if wrong else ("add", ()))
+    assert set(kinds) == {"add_works", "fix_claim_success", "add_failed", "fix_claim"}
 
 
 def test_read_lesson_by_hand():

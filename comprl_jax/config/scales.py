@@ -159,6 +159,9 @@ def _warm(c: ml_collections.ConfigDict) -> None:
     _tiny(c)
     c.actor.model = "warm_actor"
     c.extractor.model = "warm_extractor"
+    c.actor.think_chars = (
+        120  # the warm actor restates the lesson that applies before it answers (a lesson line)
+    )
     c.extractor.transcript_chars = 1000
     # What the corpus does not teach stays off: asking the bank mid-episode (and the extractor's refine answer),
     # and the periodic merge (a model never taught it would rewrite chunks of lessons at random). The

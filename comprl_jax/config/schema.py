@@ -91,6 +91,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.actor.actor_critic = False
     c.actor.sampling = sampling(0.99, 0.99, 100, 4096)
     c.actor.constrained = False  # device-side action automaton (tiny models)
+    # constrained actions may follow <think>[A-Za-z ,:.]{0,N}</think> (the warm actor restates a lesson; 0 = off)
+    c.actor.think_chars = 0
     # Update memory (launch/plan_memory.py --paper): per-layer remat, and the output head scored logits_chunk
     # positions at a time (0 = full [B, T, V] logits). Same values either way; tiny models turn both off.
     c.actor.remat = True

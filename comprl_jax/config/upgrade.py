@@ -61,6 +61,8 @@ ADDED_KEYS = {
     "extractor.moe_dispatch": "",
     "actor.moe_exchange_tokens": 4096,
     "extractor.moe_exchange_tokens": 4096,
+    # runs before issue 49's warm actor answered without a think
+    "actor.think_chars": 0,
 }
 
 

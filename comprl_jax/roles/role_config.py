@@ -104,9 +104,13 @@ class ActorConfig(RoleConfig):
     updates_per_batch: int = 1
     self_distill_coef: float = 0.0
     actor_critic: bool = False
+    # With constrained decoding of a fixed action set: the reply may open with <think>...</think> of at most this
+    # many lowercase characters (0 = the answer alone). The warm actor restates the lesson that applies there.
+    think_chars: int = 0
 
     def __post_init__(self):
         super().__post_init__()
+        check(self.think_chars >= 0, "think_chars", "must be >= 0 (0 = no think)", self.think_chars)
         check(self.adv_norm in ADV_NORMS, "adv_norm", f"must be one of {ADV_NORMS}", self.adv_norm)
         check(self.updates_per_batch >= 1, "updates_per_batch", "must be >= 1", self.updates_per_batch)
         check(

@@ -6,19 +6,22 @@ verbs; ``envs/hidden_rule.py``):
 
 * **Actor** (:class:`ActorExample`): a prompt exactly as a run builds it (the env's system prompt, 0-3 experience
   entries in the block of ``experience/retrieval.py`` or no block at all, the observation, and with ``attempts=3``
-  the turns already played), and the action. An entry *applies* when its family is the observation's: a lesson that
-  says verb V opens it -> play V; a lesson that says V failed, or a history where V failed -> never play V; an entry
+  the turns already played), and the reply :func:`reply`: ``<think>`` restating what follows the family's name
+  where the prompt says it (the entry about that family, ``title: content``, or else the observation's sentence)
+  ``</think><answer>`` the action. An entry *applies* when its family is the observation's: a lesson that says
+  verb V opens it -> play V; a lesson that says V failed, or a history where V failed -> never play V; an entry
   about another family, one that names a verb that is not an action, or no entry -> any action not known to fail,
-  uniformly (nothing in the observation supports one). Distractors share a colour or a kind with the goal's family
-  half of the time, wordings vary (:data:`WORKS` / :data:`FAILS`), and stale lessons (their verb failed in this
-  very episode) occur, so that the skill is "use what applies", not "copy the first verb".
+  uniformly (nothing in the observation supports one). At most one entry is about the episode's family (a guided
+  episode sees one retrieved entry); distractors are the other 15 families uniformly, wordings vary (:data:`WORKS`
+  / :data:`FAILS`), and stale lessons (their verb failed in this very episode) occur, so that the skill is "use
+  what applies", not "copy the first verb". Restating before answering turns reading into copying what came after
+  an earlier occurrence of the same word, which a 4-layer model learns within a few hundred steps; answering
+  directly needs a match of the observation's family against each entry's, which it had not learnt in 2,000.
 * **Extractor** (:class:`ExtractorExample`): a distillation prompt exactly as the bank builds it
   (``experience/ops.distill_prompt`` over the episode's transcript, ``rollout/episodes.Trajectory``) with 0-5
-  previous lessons, and the answer in the op grammar of ``experience/ops.py``: after a success, a lesson naming the
-  family and the verb that worked (``update`` replacing the family's lessons that it corrects, ``return`` when the
-  bank already says it); after a failure, a lesson naming what failed and never claiming it works (``update`` of a
-  claim the episode contradicts or of the family's earlier failure lesson, which the new one extends; ``return``
-  when the bank already knows the rule or the failure).
+  previous lessons, and the answer in the op grammar of ``experience/ops.py`` (:func:`extractor_answer`): after a
+  success, a lesson naming the family and the verb that worked; after a failure, a lesson naming what failed and
+  never claiming it works; an ``update`` replacing a previous lesson that the outcome contradicts.
 
 What it must never contain: any run's rules or the held-out place names. Every example draws its family, its own
 hidden verb and every lesson's verbs from the corpus's generator, seeded by the corpus seed alone (no run seed is an
@@ -41,7 +44,7 @@ import numpy as np
 
 from comprl_jax.envs import hidden_rule as hr
 from comprl_jax.experience.ops import distill_prompt
-from comprl_jax.experience.retrieval import format_experience
+from comprl_jax.experience.retrieval import format_entry, format_experience
 from comprl_jax.rollout.episodes import Episode, EpisodeSpec, first_input
 from comprl_jax.rollout.tasks import Task
 
@@ -129,8 +132,23 @@ def _names(extra: bool) -> tuple[str, ...]:
     return EXTRA_NAMES if extra else hr.TRAIN_NAMES
 
 
-def play(attempts: int, seed: int, rule: str, actions: Sequence[str], extra_names: bool = False):
-    """The real env's text for one instance: ``(system prompt, obs0, info0, [(reply, step result), ...])``.
+def reply(think: str, action: str) -> str:
+    """The warm actor's reply: what applies, restated (a lesson line, or the family alone), then the action (the
+    run's constrained decoding admits exactly this shape, ``actor.think_chars``)."""
+    return f"<think>{think}</think><answer>{action}</answer>"
+
+
+def _said_after(obs: str, family: str) -> str:
+    """The family's name and the rest of its sentence in an observation, where it is said last."""
+    i = obs.rfind(family)
+    return obs[i:].split("\n")[0] if i >= 0 else family
+
+
+def play(
+    attempts: int, seed: int, rule: str, actions: Sequence[str], extra_names: bool = False, think: str = ""
+):
+    """The real env's text for one instance: ``(system prompt, obs0, info0, [(reply, step result), ...])``, each
+    action played as :func:`reply` with ``think`` (the observation's sentence about the family when empty).
 
     ``rule`` is this example's own hidden verb for the instance's family: it replaces the env's rule table, which
     is drawn from a run seed (``hidden_rule.rules``), so no run's rules ever enter the corpus."""
@@ -139,8 +157,8 @@ def play(attempts: int, seed: int, rule: str, actions: Sequence[str], extra_name
     env.rules = {info["family"]: (rule,)}  # the example's own rule, never a run's
     steps = []
     for a in actions:
-        reply = f"<answer>{a}</answer>"
-        steps.append((reply, env.step(reply)))
+        r = reply(think or _said_after(obs, info["family"]), a)
+        steps.append((r, env.step(r)))
     return env.system_prompt(), obs, info, steps
 
 
@@ -172,18 +190,31 @@ class ActorExample:
     def experience(self) -> str:
         return "" if self.entries is None else format_experience([e.text for e in self.entries])
 
+    @property
+    def think(self) -> str:
+        """What follows the family's name where it is last said: the entry about it as the block shows it
+        (``title: content``), or else the observation's sentence (``red door. It is locked.``). Either way a
+        copy of what came after an earlier occurrence of the name, the reading a small model learns first."""
+        own = [e for e in self.entries or () if e.family == self.family]
+        if own:
+            return format_entry(own[0].text)
+        return _said_after(play(self.attempts, self.seed, self.rule, (), self.extra_names)[1], self.family)
+
     def ids(self, tok) -> tuple[list[int], list[int]]:
         """``(prompt ids, target ids)``: the context exactly as the rollout builds it (``first_input``, then per
-        played turn the reply's ids, ``<|im_end|>`` and ``Episode.observe``'s next input), and the reply."""
-        system, obs, info, steps = play(self.attempts, self.seed, self.rule, self.history, self.extra_names)
+        played turn the reply's ids, ``<|im_end|>`` and ``Episode.observe``'s next input), and the reply
+        (:func:`reply`: the think restates the entry about the own family, then the action) with ``<|im_end|>``."""
+        system, obs, info, steps = play(
+            self.attempts, self.seed, self.rule, self.history, self.extra_names, self.think
+        )
         ep, ids = _episode(system, self.experience, obs, info, tok, self.entries is not None)
         ctx = list(ids)
-        for reply, result in steps:
-            ctx += tok.encode(reply) + [tok.eos_id]
-            if not ep.observe(reply, result, ctx, tok, tok.eos_id):
+        for said, result in steps:
+            ctx += tok.encode(said) + [tok.eos_id]
+            if not ep.observe(said, result, ctx, tok, tok.eos_id):
                 raise AssertionError(f"corpus example ended before its target turn: {self}")
             ctx += ep.pending
-        return ctx, tok.encode(f"<answer>{self.target}</answer>") + [tok.eos_id]
+        return ctx, tok.encode(reply(self.think, self.target)) + [tok.eos_id]
 
 
 def _other_family(rng, family: str, near: bool) -> str:
@@ -201,7 +232,9 @@ def _verbs(rng, k: int, exclude: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 def _distractor(rng, family: str) -> Lesson:
-    other = _other_family(rng, family, near=bool(rng.random() < 0.5))
+    # uniform over the other 15 families (6 of them share a colour or a kind): a bias towards near families would
+    # teach their embeddings to be alike (the next-token term sees which families come together)
+    other = _other_family(rng, family, near=False)
     if rng.random() < 0.6:
         return Lesson(other, (str(rng.choice(VERBS)),), True, int(rng.integers(len(WORKS))))
     return Lesson(other, _verbs(rng, int(rng.integers(1, 4))), False, int(rng.integers(len(FAILS))))
@@ -233,7 +266,7 @@ def actor_example(rng: np.random.Generator, held_out: bool = False) -> ActorExam
     kind = "none" if entries is None or own is None else "other"
     if own is not None and own < 0.75:
         r = rng.random()
-        if r < 0.5:  # a claim about the own family
+        if r < 0.6:  # a claim about the own family (one entry about it at most: a guided episode sees one)
             if rng.random() < 0.1:
                 v = str(rng.choice(NOT_ACTIONS))
                 kind = "invalid_verb"
@@ -241,22 +274,11 @@ def actor_example(rng: np.random.Generator, held_out: bool = False) -> ActorExam
                 v, kind = str(rng.choice(VERBS)), "follow"
                 claim = v
             lessons.append(Lesson(family, (v,), True, int(rng.integers(len(WORKS)))))
-        elif r < 0.85:  # failure lesson(s) about the own family
-            n = 2 if rng.random() < 0.2 else 1
-            for _ in range(n):
-                vs = _verbs(rng, int(rng.integers(1, 4)), exclude=failed)
-                failed.update(vs)
-                lessons.append(Lesson(family, vs, False, int(rng.integers(len(FAILS)))))
-            kind = "avoid"
-        else:  # a claim and a consistent failure lesson
-            v = str(rng.choice(VERBS))
-            claim, kind = v, "follow"
-            vs = _verbs(rng, int(rng.integers(1, 4)), exclude=(v,))
+        else:  # a failure lesson about the own family
+            vs = _verbs(rng, int(rng.integers(1, 4)))
             failed.update(vs)
-            lessons += [
-                Lesson(family, (v,), True, int(rng.integers(len(WORKS)))),
-                Lesson(family, vs, False, int(rng.integers(len(FAILS)))),
-            ]
+            lessons.append(Lesson(family, vs, False, int(rng.integers(len(FAILS)))))
+            kind = "avoid"
     if entries is not None and own is not None:
         n_other = int(rng.integers(0 if lessons else 1, 4 - len(lessons)))
         lessons += [_distractor(rng, family) for _ in range(n_other)]
@@ -299,8 +321,9 @@ class ExtractorExample:
     played: tuple[str, ...]
     previous: tuple[Lesson, ...]
     answer: str
-    kind: str  # add_works | update_works | return_known | add_failed | update_failed | fix_claim | return_failed
+    kind: str  # add_works | fix_claim_success | add_failed | fix_claim
     extra_names: bool = False
+    think: str = ""  # what the actor restated before acting (the observation's sentence when empty)
 
     @property
     def success(self) -> bool:
@@ -308,10 +331,12 @@ class ExtractorExample:
 
     def prompt(self, max_chars: int, transcript_chars: int) -> tuple[str, str]:
         """``(goal, distillation prompt)`` exactly as the bank builds it for this episode."""
-        _, obs, info, steps = play(self.attempts, self.seed, self.rule, self.played, self.extra_names)
+        _, obs, info, steps = play(
+            self.attempts, self.seed, self.rule, self.played, self.extra_names, self.think
+        )
         ep = Episode(EpisodeSpec(Task(ENV_ID, self.seed, 0), 0, False), info, obs, [], True, False, None)
-        for reply, result in steps:
-            ep.step(reply, result)
+        for said, result in steps:
+            ep.step(said, result)
         traj = ep.trajectory([], [], [])
         if traj.success != self.success:
             raise AssertionError(f"corpus episode's outcome differs from the env's: {self}")
@@ -349,33 +374,25 @@ RETURN = {"function_name": "return"}
 def extractor_answer(
     family: str, played: Sequence[str], success: bool, previous: Sequence[Lesson], rng
 ) -> tuple[str, str]:
-    """``(answer, kind)``: what the extractor should write for an episode, given the previous lessons shown."""
-    own = [i for i, x in enumerate(previous) if x.family == family]
+    """``(answer, kind)``: what the extractor should write for an episode, given the previous lessons shown.
+
+    A success adds the lesson that the verb it played last opens the family; a failure adds the lesson that the
+    verbs it played failed. A previous lesson that this episode contradicts (it claims another verb opens the
+    family after a success, or a verb that just failed after a failure) is replaced instead (``update``). Nothing
+    else is compared with the bank: a family may hold several lessons (the bank's retrieval ranks them)."""
+    claims = [i for i, x in enumerate(previous) if x.family == family and x.works]
+    tried = tuple(dict.fromkeys(played))
     if success:
         verb = played[-1]
         new = Lesson(family, (verb,), True, int(rng.integers(WRITTEN)))
-        stale = [i for i in own if not (previous[i].works and previous[i].verbs == (verb,))]
-        if stale:  # the family's failure lessons and wrong claims give way to the rule
-            return ops_answer([_update(own, new)]), "update_works"
-        if own:
-            return ops_answer([RETURN]), "return_known"
+        wrong = [i for i in claims if previous[i].verbs[0] != verb]
+        if wrong:
+            return ops_answer([_update(wrong, new)]), "fix_claim_success"
         return ops_answer([_add(new)]), "add_works"
-    tried = list(dict.fromkeys(played))
-    claims = [i for i in own if previous[i].works]
-    fails = [i for i in own if not previous[i].works]
+    new = Lesson(family, tried, False, int(rng.integers(WRITTEN)))
     contradicted = [i for i in claims if previous[i].verbs[0] in tried]
-    known = list(dict.fromkeys(v for i in fails for v in previous[i].verbs))
-    if contradicted:  # a lesson claimed a verb that just failed: it becomes a failure lesson
-        verbs = tuple(dict.fromkeys([*known, *tried]))
-        new = Lesson(family, verbs, False, int(rng.integers(WRITTEN)))
-        return ops_answer([_update(sorted(contradicted + fails), new)]), "fix_claim"
-    if claims:  # the bank already says what opens it; a failure with another verb adds nothing
-        return ops_answer([RETURN]), "return_known"
-    if fails and all(v in known for v in tried):
-        return ops_answer([RETURN]), "return_failed"
-    new = Lesson(family, tuple(dict.fromkeys([*known, *tried])), False, int(rng.integers(WRITTEN)))
-    if fails:
-        return ops_answer([_update(fails, new)]), "update_failed"
+    if contradicted:
+        return ops_answer([_update(contradicted, new)]), "fix_claim"
     return ops_answer([_add(new)]), "add_failed"
 
 
@@ -410,7 +427,14 @@ def extractor_example(rng: np.random.Generator, held_out: bool = False) -> Extra
         previous.append(_distractor(rng, family))
     previous = [previous[i] for i in rng.permutation(len(previous))]
     answer, kind = extractor_answer(family, played, success, previous, rng)
-    return ExtractorExample(attempts, seed, family, rule, played, tuple(previous), answer, kind, extra)
+    # what the actor thought: the observation's sentence, or a lesson about it (which need not be what it then did)
+    think = ""
+    if rng.random() < 0.5:
+        shown = Lesson(family, (str(rng.choice(VERBS)),), True, int(rng.integers(len(WORKS))))
+        if rng.random() < 0.4:
+            shown = Lesson(family, _verbs(rng, int(rng.integers(1, 4))), False, int(rng.integers(len(FAILS))))
+        think = format_entry(shown.text)
+    return ExtractorExample(attempts, seed, family, rule, played, tuple(previous), answer, kind, extra, think)
 
 
 def examples(kind: str, seed: int, n: int, held_out: bool = False) -> list:

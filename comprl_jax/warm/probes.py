@@ -1,96 +1,108 @@
-"""Quick reads of a model's skills during its supervised run (teacher forcing, no sampling): what the warm-start
-trainer logs and how it picks the early extractor. The skills that count are measured by play
-(:mod:`comprl_jax.warm.skills`, launch/bench/warm_start.py)."""
+"""Quick reads of a model's skills during its supervised run: replies sampled at temperature 1 (the run's) for a fixed
+set of held-out prompts, without the run's constrained decoding or KV cache (a full forward per new token: a few
+seconds for a few hundred short prompts). What the warm-start trainer logs and how it picks the early extractor;
+the skills that count are measured by play through the run's own sampler (:mod:`comprl_jax.warm.skills`)."""
 
 from __future__ import annotations
 
 import collections
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from comprl_jax.envs.base import parse_answer
+from comprl_jax.experience.ops import parse_ops
 from comprl_jax.models import decoder as dec
 from comprl_jax.warm import corpus as C
-from comprl_jax.warm import sft
 
 
-def _verb_probs(logits: np.ndarray, verb_ids: np.ndarray) -> np.ndarray:
-    """Softmax over the 8 actions only (the run's constrained decoding chooses among them)."""
-    x = logits[..., verb_ids]
-    p = np.exp(x - x.max(-1, keepdims=True))
-    return p / p.sum(-1, keepdims=True)
+def sample_replies(graphdef, params, prompts, tok, max_new: int, key, temperature: float = 1.0) -> list[str]:
+    """Each prompt's continuation (ids after it, up to ``<|im_end|>`` or ``max_new`` tokens) as text."""
+    B = len(prompts)
+    L = max(len(p) for p in prompts) + max_new
+    L = -(-L // 16) * 16
+    toks = np.full((B, L), tok.pad_id, np.int32)
+    lens = np.array([len(p) for p in prompts])
+    for b, p in enumerate(prompts):
+        toks[b, : len(p)] = p
+    start = lens.copy()
+    done = np.zeros(B, bool)
+    positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+
+    @jax.jit
+    def step(params, toks, lens, key):
+        valid = jnp.arange(L)[None, :] < lens[:, None]
+        logits = dec.forward(graphdef, params, toks, positions, valid)
+        last = jnp.take_along_axis(logits, (lens - 1)[:, None, None], axis=1)[:, 0]
+        return jax.random.categorical(key, last / temperature)
+
+    for i in range(max_new):
+        nxt = np.asarray(step(params, jnp.asarray(toks), jnp.asarray(lens), jax.random.fold_in(key, i)))
+        live = ~done
+        toks[np.arange(B)[live], lens[live]] = nxt[live]
+        lens[live] += 1
+        done |= nxt == tok.eos_id
+        if done.all():
+            break
+    return [tok.decode(toks[b, start[b] : lens[b]].tolist(), skip_special=True) for b in range(B)]
 
 
 class ActorProbe:
-    """Per kind of held-out actor example, the probability the model gives (among the actions) to: the applying
-    lesson's verb (``follow``), other families' claimed verbs when no lesson applies (``copy_other``), verbs its own
-    family's lessons say failed (``play_failed``), verbs already failed in the episode (``stale_play``); and the
-    largest action probability with no lesson at all (``none_max``, 0.125 = uniform)."""
+    """Sampled answers to held-out actor prompts (attempts=1 and 3), per kind: ``follow`` (the applying lesson's
+    verb played), ``copy_other`` (a verb another family's lesson claims played; chance = claimed / 8),
+    ``play_failed`` (a verb its own family's lesson says failed), ``stale_play`` (a verb already failed in the
+    episode), ``none_top`` (the most frequent action's share with no lesson; 0.125 = uniform)."""
 
-    def __init__(self, held, tok, model_cfg=None, batch: int = 100):
-        self.held, self.tok, self.batch = list(held), tok, batch
-        self.rows = [a.ids(tok) for a in self.held]
-        self.verb_ids = np.array([tok.encode(v)[0] for v in C.VERBS])
-        self.length = max(len(p) + len(a) for p, a in self.rows)
-        self._fn = jax.jit(sft.answer_logits, static_argnums=0)
-        self._graphdef = None if model_cfg is None else dec.abstract_decoder(model_cfg)[0]
+    def __init__(self, held, tok, model_cfg, n: int = 300, seed: int = 0):
+        self.held, self.tok = list(held)[:n], tok
+        self.prompts = [a.ids(tok)[0] for a in self.held]
+        self.graphdef = dec.abstract_decoder(model_cfg)[0]
+        self.key = jax.random.key(seed)
 
-    def probs(self, graphdef, params) -> np.ndarray:
-        out = []
-        for i in range(0, len(self.rows), self.batch):
-            rows = self.rows[i : i + self.batch]
-            arr = sft.pack(rows, self.tok.pad_id, 2, self.length, self.batch)
-            lg = np.asarray(self._fn(graphdef, params, arr[0], arr[1], arr[2]))[: len(rows)]
-            out.append(_verb_probs(lg[:, 1], self.verb_ids))  # answer token 1: the action after <answer>
-        return np.concatenate(out)
-
-    def __call__(self, step, params, graphdef=None) -> dict:
-        p = self.probs(graphdef or self._graphdef or _graphdef_of(params), params)
-        acc = collections.defaultdict(list)
-        ix = {v: i for i, v in enumerate(C.VERBS)}
-        for n, a in enumerate(self.held):
+    def __call__(self, step, params) -> dict:
+        outs = sample_replies(self.graphdef, params, self.prompts, self.tok, 48, self.key)
+        got = collections.defaultdict(list)
+        none = collections.Counter()
+        for a, text in zip(self.held, outs, strict=True):
+            played = parse_answer(text)
+            got["valid"].append(played in C.VERBS)
             if a.kind == "follow":
-                acc["follow"].append(p[n, ix[a.target]])
+                got["follow"].append(played == a.target)
             elif a.kind == "other":
-                claimed = {x.verbs[0] for x in a.entries if x.works and x.verbs[0] in ix}
-                acc["copy_other"].append(sum(p[n, ix[v]] for v in claimed) / max(len(claimed), 1))
+                claimed = {x.verbs[0] for x in a.entries if x.works}
+                got["copy_other"].append(played in claimed)
             elif a.kind == "avoid":
-                bad = {v for x in a.entries if x.family == a.family for v in x.verbs}
-                acc["play_failed"].append(sum(p[n, ix[v]] for v in bad))
+                got["play_failed"].append(
+                    played in {v for x in a.entries if x.family == a.family for v in x.verbs}
+                )
             elif a.kind == "stale":
-                acc["stale_play"].append(sum(p[n, ix[v]] for v in a.history))
+                got["stale_play"].append(played in a.history)
             elif a.kind == "none":
-                acc["none_max"].append(p[n].max())
-        return {k: round(float(np.mean(v)), 4) for k, v in sorted(acc.items())}
-
-
-def _graphdef_of(params):
-    raise ValueError("ActorProbe needs the model config (or a graphdef) to run the model")
+                none[played] += 1
+        out = {k: round(float(np.mean(v)), 4) for k, v in sorted(got.items())}
+        if none:
+            out["none_top"] = round(max(none.values()) / sum(none.values()), 4)
+        return out
 
 
 class ExtractorProbe:
-    """Held-out distillations after a success: the share whose answer's family and verb tokens are the model's
-    greedy choice under teacher forcing (``right_after_success``), a cheap stand-in for the right-lesson share."""
+    """Sampled distillations of held-out successful episodes: the share whose lesson names the episode's family and
+    claims the verb that opened it (``right_after_success``, :func:`corpus.lesson_is_right`)."""
 
-    def __init__(self, held, tok, ex_args, model_cfg, batch: int = 100):
-        self.tok, self.batch = tok, batch
-        self.held = [e for e in held if e.success]
-        self.rows = [e.ids(tok, *ex_args) for e in self.held]
-        keys = {tok.encode(w)[0] for w in C.atomic_words()}
-        # answer positions holding a family or an action (atomic tokens): what a right lesson must get right
-        self.where = [[i for i, t in enumerate(r[1]) if t in keys] for r in self.rows]
-        self.max_answer = max(len(r[1]) for r in self.rows)
-        self.length = max(len(p) + len(a) for p, a in self.rows)
-        self._fn = jax.jit(sft.answer_logits, static_argnums=0)
-        self._graphdef = dec.abstract_decoder(model_cfg)[0]
+    def __init__(self, held, tok, ex_args, model_cfg, n: int = 200, seed: int = 0):
+        self.held = [e for e in held if e.success][:n]
+        self.tok, self.max_chars = tok, ex_args[0]
+        self.prompts = [e.ids(tok, *ex_args)[0] for e in self.held]
+        self.graphdef = dec.abstract_decoder(model_cfg)[0]
+        self.key = jax.random.key(seed)
 
     def __call__(self, step, params) -> dict:
+        outs = sample_replies(self.graphdef, params, self.prompts, self.tok, 64, self.key)
         right = []
-        for i in range(0, len(self.rows), self.batch):
-            rows = self.rows[i : i + self.batch]
-            arr = sft.pack(rows, self.tok.pad_id, self.max_answer, self.length, self.batch)
-            greedy = np.argmax(np.asarray(self._fn(self._graphdef, params, arr[0], arr[1], arr[2])), -1)
-            for b, (_, ans) in enumerate(rows):
-                pos = self.where[i + b]
-                right.append(bool(pos) and all(greedy[b, k] == ans[k] for k in pos))
+        for e, text in zip(self.held, outs, strict=True):
+            cut = text.find("</answer>")  # the run's extractor call stops at this stop string
+            text = text[: cut + len("</answer>")] if cut >= 0 else text
+            ops = parse_ops(text, len(e.previous), self.max_chars).ops
+            right.append(any(C.lesson_is_right(op.new_memory, e.family, e.rule) for op in ops))
         return {"right_after_success": round(float(np.mean(right)), 4)}

@@ -12,8 +12,8 @@ Actor conditions (each episode one action; ``code_len=1``, ``attempts=1``):
   other_family  one lesson, about another family (its verb is that family's rule)
   failed        its own family's lesson that a verb V (not the rule) failed
 Extractor conditions: after a success with 0-3 other families' lessons shown (an ``add`` is due), after a success
-with its own family's failure lesson shown too (an ``update``), after a failure (the lesson must not claim the
-failed verb works).
+with a wrong claim about its own family shown too (an ``update`` of that claim is due), after a failure (the
+lesson must not claim the failed verb works).
 """
 
 from __future__ import annotations
@@ -136,16 +136,15 @@ def extractor_trials(rule_seed: int, n: int, rng: np.random.Generator) -> list[D
     """``n`` held-out distillations per condition for the rules of ``rule_seed`` (one action per episode)."""
     rules = hr.rules(rule_seed)
     out = []
-    for cond in ("success_add", "success_update", "failure"):
+    for cond in ("success_add", "success_fix", "failure"):
         for _ in range(n):
             seed = int(rng.integers(hr.EVAL_SEEDS_FROM, 2 * hr.EVAL_SEEDS_FROM))
             fam = hr.instance(seed)[0]
             rule = rules[fam][0]
             wrong = [a for a in hr.ACTIONS if a != rule]
             prev = [_true_lesson(rng, rules, fam) for _ in range(int(rng.integers(0, 4)))]
-            if cond == "success_update":
-                vs = tuple(str(v) for v in rng.choice(wrong, size=int(rng.integers(1, 3)), replace=False))
-                prev.append(C.Lesson(fam, vs, False, int(rng.integers(C.WRITTEN))))
+            if cond == "success_fix":  # a wrong claim about the episode's family, which the success corrects
+                prev.append(C.Lesson(fam, (str(rng.choice(wrong)),), True, int(rng.integers(C.WRITTEN))))
             prev = [prev[i] for i in rng.permutation(len(prev))]
             played = (rule,) if cond != "failure" else (str(rng.choice(wrong)),)
             ex = C.ExtractorExample(1, seed, fam, rule, played, tuple(prev), "", cond)
@@ -169,6 +168,9 @@ def write_lessons(trainer, trials: list[Distillation], key) -> list[dict]:
                 "text": g.text,
                 "ops": [op.function for op in res.ops] + ["return"] * res.num_returns,
                 "right": any(C.lesson_is_right(t, e.family, e.rule) for t in lessons),
+                # the one op replaces exactly the wrong claim shown (success_fix)
+                "fixed": [(op.function, op.targets) for op in res.ops]
+                == [("update", tuple(i for i, x in enumerate(e.previous) if x.family == e.family))],
                 "false_claim": any(C.lesson_claims(t, e.played[-1]) for t in lessons) and not e.success,
                 "names_failure": (not e.success)
                 and any(
@@ -184,11 +186,12 @@ def extractor_figures(results: list[dict], prefix: str = "extractor") -> dict:
         sel = [r[k] for r in results if r["condition"] in cond_set]
         return float(np.mean(sel)) if sel else float("nan")
 
-    succ = ("success_add", "success_update")
+    succ = ("success_add", "success_fix")
     return {
         f"{prefix}_right_after_success": mean(succ, "right"),
         f"{prefix}_right_after_success_add": mean(("success_add",), "right"),
-        f"{prefix}_right_after_success_update": mean(("success_update",), "right"),
+        f"{prefix}_right_after_success_fix": mean(("success_fix",), "right"),
+        f"{prefix}_fix_updates_the_wrong_claim": mean(("success_fix",), "fixed"),
         f"{prefix}_false_claim_after_failure": mean(("failure",), "false_claim"),
         f"{prefix}_names_failure_after_failure": mean(("failure",), "names_failure"),
         f"{prefix}_n": len(results),

@@ -25,14 +25,13 @@ def bootstrap_tokenizer() -> Tokenizer:
     """A vocabulary of the 256 bytes and the ChatML tokens, no merges: renders the corpus's prompts through the
     rollout's own functions before the real vocabulary exists (its ``decode`` gives their exact text)."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import decoders, models
 
     byte_tokens = {f"<0x{b:02X}>": b for b in range(256)}
     vocab = {p: i for i, p in enumerate(CHATML_TOKENS)}
     vocab.update({p: len(CHATML_TOKENS) + b for p, b in byte_tokens.items()})
     tk = HFTokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
-    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=False)
-    tk.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(SPACE, "never", False)])
+    tk.decoder = decoders.ByteFallback()  # every byte its own token: text round-trips exactly
     from tokenizers import AddedToken
 
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHATML_TOKENS])

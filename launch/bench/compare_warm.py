@@ -224,10 +224,10 @@ def _mean(xs):
     return float(np.mean(xs)) if xs else None
 
 
-def results(study: str) -> dict[str, list[dict]]:
-    """``{arm: [figures per seed]}`` recorded so far."""
+def results(study: str, where: str = RESULTS) -> dict[str, list[dict]]:
+    """``{arm: [figures per seed]}`` recorded so far (under ``where/study``)."""
     out: dict[str, list[dict]] = {}
-    for path in sorted(glob.glob(os.path.join(RESULTS, study, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(where, study, "*.json"))):
         with open(path) as f:
             fig = json.load(f)
         out.setdefault(fig["arm"], []).append(fig)
@@ -259,10 +259,10 @@ FIELDS = (
 )  # fmt: skip
 
 
-def report(study: str, plot: bool = True) -> list[dict]:
+def report(study: str, plot: bool = True, where: str = RESULTS) -> list[dict]:
     from launch import tables
 
-    arms = results(study)
+    arms = results(study, where)
     lines = []
     for arm, figs in arms.items():
         line = {"bench": "compare_warm", "study": study, "arm": arm, "seeds": sorted(f["seed"] for f in figs)}
@@ -280,13 +280,15 @@ def report(study: str, plot: bool = True) -> list[dict]:
         lines.append(line)
         print(json.dumps(line))
     if plot and arms:
-        runs = sorted(glob.glob(os.path.join(RESULTS, study, "*_s*", "metrics.jsonl")))
+        runs = sorted(glob.glob(os.path.join(where, study, "*_s*", "metrics.jsonl")))
         if runs:
             from comprl_jax.runtime.metrics import plot_curves
 
             out = os.path.join(REPO, "notebooks", "figures", f"compare_warm_{study}.png")
+            if where != RESULTS:  # (another sweep's curves, e.g. a device run's, go beside its results)
+                out = os.path.join(where, f"compare_warm_{study}.png")
             plot_curves({os.path.basename(os.path.dirname(p)): p for p in runs}, out)
-            print(json.dumps({"bench": "compare_warm_plot", "path": os.path.relpath(out, REPO)}))
+            print(json.dumps({"bench": "compare_warm_plot", "path": out}))
     return lines
 
 
@@ -305,11 +307,11 @@ def _actions_per_success(figs) -> dict:
     return out
 
 
-def record(study: str, fig: dict, workdir: str, commit: bool) -> None:
+def record(study: str, fig: dict, workdir: str, commit: bool, where: str = RESULTS) -> None:
     """Writes one run's figures and metrics into the results folder (and commits them)."""
     import shutil
 
-    d = os.path.join(RESULTS, study)
+    d = os.path.join(where, study)
     os.makedirs(os.path.join(d, f"{fig['arm']}_s{fig['seed']}"), exist_ok=True)
     path = os.path.join(d, f"{fig['arm']}_s{fig['seed']}.json")
     with open(path, "w") as f:
@@ -328,23 +330,26 @@ _REPORT = flags.DEFINE_boolean("report", False, "only report what the results fo
 _COMMIT = flags.DEFINE_boolean("commit", False, "git-commit each run's results as it finishes")
 _ARMS = flags.DEFINE_list("arms", [], "only these arms (default: the study's)")
 _SEEDS = flags.DEFINE_list("seeds", [str(s) for s in SEEDS], "seeds")
+_STEPS = flags.DEFINE_integer("steps", STEPS, "training steps per run (the pre-registered comparison: 30)")
+_RESULTS = flags.DEFINE_string("results", RESULTS, "where each finished run's figures go")
 
 
 def main(argv):
     del argv
     study = _STUDY.value
+    where = _RESULTS.value
     if not _REPORT.value:
-        done = {(a, f["seed"]) for a, fs in results(study).items() for f in fs}
+        done = {(a, f["seed"]) for a, fs in results(study, where).items() for f in fs}
         arms = _ARMS.value or list(STUDIES[study]["arms"])
         for seed in [int(s) for s in _SEEDS.value]:  # seed-major: a cut-short sweep stays balanced
             for arm in arms:
                 if (arm, seed) in done:
                     continue
                 root = os.path.join(_ROOT.value, study)
-                fig = run_arm(study, arm, seed, root)
-                record(study, fig, os.path.join(root, f"{arm}_s{seed}"), _COMMIT.value)
+                fig = run_arm(study, arm, seed, root, _STEPS.value)
+                record(study, fig, os.path.join(root, f"{arm}_s{seed}"), _COMMIT.value, where)
                 print(json.dumps({"bench": "compare_warm_run", **fig}), flush=True)
-    report(study)
+    report(study, where=where)
 
 
 if __name__ == "__main__":

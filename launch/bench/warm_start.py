@@ -65,18 +65,20 @@ def measure(rule_seeds, episodes: int, models_dir: str = "", log=print) -> dict:
                 ext_rows += skills.write_lessons(tr, skills.extractor_trials(s, episodes, rng), k[1])
             finally:
                 tr.close()
-            tr = trainer_for(s, os.path.join(tmp, f"e{s}"), "warm_extractor_early", models_dir)
-            try:
-                early_rows += skills.write_lessons(tr, skills.extractor_trials(s, episodes, rng), k[2])
-            finally:
-                tr.close()
+            if _has_early(models_dir):
+                tr = trainer_for(s, os.path.join(tmp, f"e{s}"), "warm_extractor_early", models_dir)
+                try:
+                    early_rows += skills.write_lessons(tr, skills.extractor_trials(s, episodes, rng), k[2])
+                finally:
+                    tr.close()
             log(
                 json.dumps({"bench": "warm_start_seed", "rule_seed": s, "wall_s": round(time.time() - t0, 1)})
             )
     out = {"bench": "warm_start", "rule_seeds": list(rule_seeds), "episodes_per_condition_and_seed": episodes}
     out.update(skills.actor_figures(actor_rows))
     out.update(skills.extractor_figures(ext_rows))
-    out.update(skills.extractor_figures(early_rows, "extractor_early"))
+    if early_rows:
+        out.update(skills.extractor_figures(early_rows, "extractor_early"))
     for key in list(out):
         v = out[key]
         n_key = _n_of(key, out)
@@ -91,6 +93,17 @@ def measure(rule_seeds, episodes: int, models_dir: str = "", log=print) -> dict:
     ]
     out["wall_s"] = round(time.time() - t0, 1)
     return out
+
+
+def _has_early(models_dir: str) -> bool:
+    from comprl_jax.models import zoo
+
+    folder = (
+        os.path.join(models_dir, "extractor_early")
+        if models_dir
+        else os.path.join(zoo.WARM_DIR, "extractor_early")
+    )
+    return os.path.isfile(os.path.join(folder, "config.json"))
 
 
 def _n_of(key: str, out: dict) -> int:
