@@ -1,7 +1,7 @@
 """`make warm-start`: trains the small actor and extractor that can read and write lessons (issue 49) and writes them
 where the `:warm` scale loads them (`comprl_jax/models/warm/{actor,extractor,extractor_early}`).
 
-  python launch/warm_start.py [--out=comprl_jax/models/warm] [--corpus_seed=0]
+  python launch/warm_start.py [--out=comprl_jax/models/warm] [--corpus_seed=0] [--roles=vocab,actor,extractor]
 
 Steps: the corpus (`comprl_jax/warm/corpus.py`, seeded by --corpus_seed alone), the shared BPE vocabulary
 (`comprl_jax/warm/vocab.py`, trained on the corpus's prompts as the rollout renders them), the actor's supervised run
@@ -31,9 +31,13 @@ OUT = os.path.join(REPO, "comprl_jax", "models", "warm")
 _OUT = flags.DEFINE_string("out", OUT, "folder of the three model folders and the shared tokenizer.json")
 _SEED = flags.DEFINE_integer("corpus_seed", 0, "the corpus generator's seed (its only input)")
 _QUICK = flags.DEFINE_boolean("quick", False, "seconds-long models and corpus (tests)")
-_ROLES = flags.DEFINE_list("roles", ["actor", "extractor"], "which models to train")
+_ROLES = flags.DEFINE_list(
+    "roles", ["vocab", "actor", "extractor"],
+    "what to make: the shared vocabulary, then the models (each role may run in its own process once the vocabulary "
+    "is there: `make warm-start` runs the two at once on 2 cores)",
+)
 _ACTOR_STEPS = flags.DEFINE_integer("actor_steps", 6000, "actor SFT steps (the curriculum's included)")
-_EXTRACTOR_STEPS = flags.DEFINE_integer("extractor_steps", 3000, "extractor SFT steps")
+_EXTRACTOR_STEPS = flags.DEFINE_integer("extractor_steps", 1500, "extractor SFT steps")
 _BATCH = flags.DEFINE_integer("batch", 16, "rows per step")
 _VOCAB = flags.DEFINE_integer("vocab", 4096, "BPE vocabulary size")
 _AMONG = flags.DEFINE_float(
@@ -89,7 +93,7 @@ def main(argv):
 
     # -- the shared vocabulary, trained on the prompts as the rollout renders them --------------------------------
     tok_path = os.path.join(out, "tokenizer.json")
-    if not os.path.exists(tok_path) or len(_ROLES.value) == 2:  # one role alone keeps the shared vocabulary
+    if not os.path.exists(tok_path) or "vocab" in _ROLES.value:  # a role alone keeps the shared vocabulary
         boot = V.bootstrap_tokenizer()
         k = min(3000, n_actor)
         texts = [boot.decode(sum(a.ids(boot), [])) for a in actors[:k]]
@@ -150,7 +154,7 @@ def main(argv):
         cfg = sft.SFTConfig(steps=steps, batch=_BATCH.value, lr=2e-3, warmup=100, lm_weight=0.5, seed=seed)
         _, params = sft.train(
             cfg, model, rows, tok.pad_id, log=lambda r: log({"role": "extractor", **r}),
-            every=max(steps // 30, 10), on_eval=on_eval,
+            every=max(steps // 12, 10), on_eval=on_eval,
         )  # fmt: skip
         sft.save_folder(os.path.join(out, "extractor"), model, params, tok_path, dtype="float32")
         if not early["done"] and early["closest"] is not None:

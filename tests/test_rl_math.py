@@ -224,7 +224,8 @@ def test_an_older_runs_config_json_is_upgraded_to_the_loss_sub_dicts():
     f32 |= {"pack": False, "attention": "auto", "kv_cache": "dense"}
     f32 |= {"moe_dispatch": "", "moe_exchange_tokens": 4096}
     assert new == {
-        "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}, **f32},
+        # before issue 49 the actor answered without a think
+        "actor": {"lr": 1e-3, "loss": {"clip_eps": 0.3, "ratio": "sequence"}, **f32, "think_chars": 0},
         "extractor": {"loss": {"clip_eps": 0.2}, **f32, "distill_overlap": "update"},
     }
     assert old["actor"]["clip_eps"] == 0.3  # a copy

@@ -88,8 +88,8 @@ def test_actor_prompts_are_the_rollouts_own(boot):
         assert len(own) <= 1
         if own:  # the entry about the episode's family, as the block shows it
             assert a.think == C.format_entry(own[0].text)
-        else:  # what the observation says after the family's name
-            assert a.think.startswith(a.family) and a.think in obs
+        else:  # no entry about it: the name alone
+            assert a.think == a.family
         seen[a.kind] += 1
     assert set(seen) == {"follow", "avoid", "stale", "other", "invalid_verb", "none"}
 

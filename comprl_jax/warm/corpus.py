@@ -7,7 +7,7 @@ verbs; ``envs/hidden_rule.py``):
 * **Actor** (:class:`ActorExample`): a prompt exactly as a run builds it (the env's system prompt, 0-3 experience
   entries in the block of ``experience/retrieval.py`` or no block at all, the observation, and with ``attempts=3``
   the turns already played), and the reply :func:`reply`: ``<think>`` restating what follows the family's name
-  where the prompt says it (the entry about that family, ``title: content``, or else the observation's sentence)
+  where the experience block says it (the entry about that family, ``title: content``, or else the name alone)
   ``</think><answer>`` the action. An entry *applies* when its family is the observation's: a lesson that says
   verb V opens it -> play V; a lesson that says V failed, or a history where V failed -> never play V; an entry
   about another family, one that names a verb that is not an action, or no entry -> any action not known to fail,
@@ -61,13 +61,39 @@ WORKS = ("to open a {f}, {v}", "the {f} opens with {v}", "a {f} opens if you {v}
 FAILS = ("on a {f}, {vs} failed", "the {f} jammed after {vs}", "a {f} does not open with {vs}")
 WRITTEN = 2  # the extractor's wordings: WORKS[:2], FAILS[:2]
 # Place names of half the examples besides the env's training names: held-out instances bring names the corpus
-# never shows (hidden_rule.EVAL_NAMES), so reading must not hang on a known name's tokens.
-EXTRA_NAMES = (
+# never shows (hidden_rule.EVAL_NAMES), so reading must not hang on a known name's tokens. Real words first, then
+# 2,000 made-up ones (syllables from a fixed generator): with the real ones alone (40) the actor learnt the
+# experience block's use on training names and lost it on held-out ones (decision token 0.99 against 0.17-0.54,
+# WORKSPACE issue 49): an unseen name's pieces, their embeddings never trained, derailed it.
+_REAL_NAMES = (
     "quarry", "belfry", "cloister", "dungeon", "parlour", "scullery", "larder", "nursery", "study", "hall",
     "cellarage", "washroom", "chamber", "loft", "pavilion", "sanctum", "rotunda", "terrace", "courtyard", "cistern",
     "archive", "sacristy", "conservatory", "dovecote", "icehouse", "laundry", "mint", "oratory", "pottery", "refectory",
     "saddlery", "scriptorium", "solar", "spicery", "stillroom", "storeroom", "summerhouse", "undercroft", "wardrobe", "well",
 )  # fmt: skip
+
+
+def _made_up_names(n: int) -> tuple[str, ...]:
+    """``n`` distinct pronounceable words of 2-3 syllables (a fixed generator: no run's seed), none a held-out or a
+    training name of the env and none holding an action or a family word."""
+    rng = np.random.default_rng(12345)
+    onsets = ("b", "br", "c", "ch", "d", "f", "g", "gl", "h", "k", "l", "m", "n", "p", "pl", "r", "s", "sh", "st", "t",
+              "th", "tr", "v", "w", "z")  # fmt: skip
+    vowels = ("a", "e", "i", "o", "u", "ai", "ea", "oo", "ou", "y")
+    codas = ("", "", "", "n", "r", "l", "s", "m", "ck", "nd", "rt", "st", "x")
+    taken = set(hr.EVAL_NAMES) | set(hr.TRAIN_NAMES) | set(_REAL_NAMES)
+    banned = set(hr.ACTIONS) | {w for f in hr.FAMILIES for w in f.split()} | set(hr.EVAL_NAMES)
+    out: list[str] = []
+    while len(out) < n:
+        k = int(rng.integers(2, 4))
+        w = "".join(str(rng.choice(onsets)) + str(rng.choice(vowels)) + str(rng.choice(codas)) for _ in range(k))
+        if w not in taken and not any(b in w for b in banned):
+            taken.add(w)
+            out.append(w)
+    return tuple(out)
+
+
+EXTRA_NAMES = _REAL_NAMES + _made_up_names(2000)
 NEGATIONS = ("failed", "jammed", "does not", "not open")
 
 
@@ -138,17 +164,11 @@ def reply(think: str, action: str) -> str:
     return f"<think>{think}</think><answer>{action}</answer>"
 
 
-def _said_after(obs: str, family: str) -> str:
-    """The family's name and the rest of its sentence in an observation, where it is said last."""
-    i = obs.rfind(family)
-    return obs[i:].split("\n")[0] if i >= 0 else family
-
-
 def play(
     attempts: int, seed: int, rule: str, actions: Sequence[str], extra_names: bool = False, think: str = ""
 ):
     """The real env's text for one instance: ``(system prompt, obs0, info0, [(reply, step result), ...])``, each
-    action played as :func:`reply` with ``think`` (the observation's sentence about the family when empty).
+    action played as :func:`reply` with ``think`` (the family's name alone when empty).
 
     ``rule`` is this example's own hidden verb for the instance's family: it replaces the env's rule table, which
     is drawn from a run seed (``hidden_rule.rules``), so no run's rules ever enter the corpus."""
@@ -157,7 +177,7 @@ def play(
     env.rules = {info["family"]: (rule,)}  # the example's own rule, never a run's
     steps = []
     for a in actions:
-        r = reply(think or _said_after(obs, info["family"]), a)
+        r = reply(think or info["family"], a)
         steps.append((r, env.step(r)))
     return env.system_prompt(), obs, info, steps
 
@@ -192,13 +212,16 @@ class ActorExample:
 
     @property
     def think(self) -> str:
-        """What follows the family's name where it is last said: the entry about it as the block shows it
-        (``title: content``), or else the observation's sentence (``red door. It is locked.``). Either way a
-        copy of what came after an earlier occurrence of the name, the reading a small model learns first."""
+        """The family's name, then what follows it in the experience block where an entry is about it: that entry
+        as the block shows it (``red door: to open a red door, push``), or else the name alone (``red door``).
+
+        Why this shape: the token after the name is ``:`` only when an earlier ``name:`` (an entry's title) is in
+        the prompt; one head matching the name's single token finds it, and its absence leaves the default (end
+        the think). An earlier design copied the observation's sentence when no entry applied: both copies then
+        started at the same name, the observation's occurrence won, and following fell from 0.89 to 0.28-0.41 as
+        soon as examples without an applying entry were mixed in (WORKSPACE, issue 49)."""
         own = [e for e in self.entries or () if e.family == self.family]
-        if own:
-            return format_entry(own[0].text)
-        return _said_after(play(self.attempts, self.seed, self.rule, (), self.extra_names)[1], self.family)
+        return format_entry(own[0].text) if own else self.family
 
     def ids(self, tok) -> tuple[list[int], list[int]]:
         """``(prompt ids, target ids)``: the context exactly as the rollout builds it (``first_input``, then per
@@ -323,7 +346,7 @@ class ExtractorExample:
     answer: str
     kind: str  # add_works | fix_claim_success | add_failed | fix_claim
     extra_names: bool = False
-    think: str = ""  # what the actor restated before acting (the observation's sentence when empty)
+    think: str = ""  # what the actor restated before acting (the family's name alone when empty)
 
     @property
     def success(self) -> bool:
@@ -427,7 +450,7 @@ def extractor_example(rng: np.random.Generator, held_out: bool = False) -> Extra
         previous.append(_distractor(rng, family))
     previous = [previous[i] for i in rng.permutation(len(previous))]
     answer, kind = extractor_answer(family, played, success, previous, rng)
-    # what the actor thought: the observation's sentence, or a lesson about it (which need not be what it then did)
+    # what the actor thought: the family's name alone, or a lesson about it (which need not be what it then did)
     think = ""
     if rng.random() < 0.5:
         shown = Lesson(family, (str(rng.choice(VERBS)),), True, int(rng.integers(len(WORKS))))
@@ -452,4 +475,6 @@ def atomic_words() -> list[str]:
 
 
 # The warm models' size (launch/warm_start.py): a 4-layer, 128-wide Qwen3 with 8 heads of 16.
-MODEL_DIMS = dict(hidden=128, layers=4, heads=8, kv_heads=4, ff=320)
+# 4 heads of 64 (not 8 of 16): with q/k norms a head's logits are bounded by ~sqrt(head_dim) x its norm gains, and
+# telling whether an entry names the episode's family needs one sharp match among ~80 positions
+MODEL_DIMS = dict(hidden=128, layers=4, heads=4, kv_heads=4, ff=320, head_dim=64)

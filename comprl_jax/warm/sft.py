@@ -42,9 +42,9 @@ class SFTConfig:
 
 
 def model_config(
-    vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, ff: int
+    vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, ff: int, head_dim: int = 0
 ) -> ModelConfig:
-    """A small Qwen3 decoder (tied embeddings, per-head q/k norms), float32."""
+    """A small Qwen3 decoder (tied embeddings, per-head q/k norms), float32; ``head_dim`` 0: ``hidden // heads``."""
     return ModelConfig(
         arch="qwen3",
         vocab_size=vocab_size,
@@ -53,7 +53,7 @@ def model_config(
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=hidden // heads,
+        head_dim=head_dim or hidden // heads,
         qk_norm=True,
         tie_word_embeddings=True,
         max_position_embeddings=4096,
