@@ -32,7 +32,8 @@ _OUT = flags.DEFINE_string("out", OUT, "folder of the three model folders and th
 _SEED = flags.DEFINE_integer("corpus_seed", 0, "the corpus generator's seed (its only input)")
 _QUICK = flags.DEFINE_boolean("quick", False, "seconds-long models and corpus (tests)")
 _ROLES = flags.DEFINE_list(
-    "roles", ["vocab", "actor", "extractor"],
+    "roles",
+    ["vocab", "actor", "actor_tune", "extractor"],
     "what to make: the shared vocabulary, then the models (each role may run in its own process once the vocabulary "
     "is there: `make warm-start` runs the two at once on 2 cores)",
 )
@@ -40,6 +41,12 @@ _ACTOR_STEPS = flags.DEFINE_integer("actor_steps", 6000, "actor SFT steps (the c
 _EXTRACTOR_STEPS = flags.DEFINE_integer("extractor_steps", 1500, "extractor SFT steps")
 _BATCH = flags.DEFINE_integer("batch", 16, "rows per step")
 _VOCAB = flags.DEFINE_integer("vocab", 4096, "BPE vocabulary size")
+_TUNE_STEPS = flags.DEFINE_integer(
+    "tune_steps", 2000, "actor_tune: steps on the balanced set with the decision token weighted"
+)
+_DECISION_WEIGHT = flags.DEFINE_float(
+    "decision_weight", 8.0, "actor_tune: loss weight of the token after the family's name (the others: 1)"
+)
 _AMONG = flags.DEFINE_float(
     "among", 0.0, "the actor's curriculum: share of steps on lessons among others' before the mix"
 )
@@ -121,6 +128,35 @@ def main(argv):
         )  # fmt: skip
         sft.save_folder(os.path.join(out, "actor"), model, params, tok_path, dtype="float32")
         log({"stage": "saved", "role": "actor"})
+        jax.clear_caches()
+
+    if "actor_tune" in _ROLES.value:
+        # Fine-tunes the saved actor on a balanced set (as many prompts whose block holds an entry about the own
+        # family as prompts whose block holds only others') with the decision token weighted: the mixture left
+        # that token at its base rate (corpus.balanced_for_decision; WORKSPACE, issue 49).
+        import numpy as np
+
+        from comprl_jax.models.zoo import load_model
+
+        loaded = load_model(os.path.join(out, "actor"), role="actor", tokenizer=None, seed=seed)
+        tuned = C.balanced_for_decision(actors, np.random.default_rng([seed, 49, 3]))
+        w = _DECISION_WEIGHT.value
+        rows = []
+        for a in tuned:
+            prompt, target = a.ids(tok)
+            weights = [1.0] * len(target)
+            weights[a.decision_index(tok, target)] = w
+            rows.append((prompt, target, weights))
+        steps = 20 if quick else _TUNE_STEPS.value
+        held = C.examples("actor", seed, 50 if quick else 400, held_out=True)
+        probe = P.ActorProbe(held, tok, model, n=len(held))
+        cfg = sft.SFTConfig(steps=steps, batch=_BATCH.value, lr=5e-4, warmup=50, lm_weight=0.5, seed=seed + 1)
+        _, params = sft.train(
+            cfg, model, rows, tok.pad_id, log=lambda r: log({"role": "actor_tune", "examples": len(rows), **r}),
+            every=max(steps // 8, 10), on_eval=probe, params=loaded.params,
+        )  # fmt: skip
+        sft.save_folder(os.path.join(out, "actor"), model, params, tok_path, dtype="float32")
+        log({"stage": "saved", "role": "actor_tune"})
         jax.clear_caches()
 
     if "extractor" in _ROLES.value:

@@ -75,6 +75,52 @@ def test_the_supervised_loss_is_the_answer_tokens_cross_entropy_by_hand(small):
     assert float(with_lm) == pytest.approx(nll / n + 0.5 * lm / m, rel=1e-5)
 
 
+def test_a_weighted_answer_token_counts_its_weight_times_by_hand(small):
+    """actor_tune's rows carry one weight per answer token: the loss is the weighted mean of the tokens' NLL."""
+    tok, rows = small["tok"], small["rows"][:3]
+    graphdef, params = small["graphdef"], small["params"]
+    weighted = [(p, a, [1.0] * len(a)) for p, a in rows]
+    weighted[1][2][2] = 8.0  # the third answer token of the second row
+    arrays = sft.pack(weighted, tok.pad_id, 6)
+    assert arrays[4][1].tolist() == [1, 1, 8, 1, 1, 1][: len(rows[1][1])] + [0] * (6 - len(rows[1][1]))
+    # unweighted rows pack as weight 1 (the 2-tuples of the supervised run)
+    np.testing.assert_array_equal(sft.pack(rows, tok.pad_id, 6)[4][0], arrays[4][0])
+    loss, _ = sft.loss_fn(graphdef, params, *arrays)
+    tokens, valid = arrays[0], arrays[1]
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits = np.asarray(dec.forward(graphdef, params, tokens, positions, valid), np.float64)
+    num = den = 0.0
+    for b, (p, a, w) in enumerate(weighted):
+        for j, want in enumerate(a[:6]):
+            row = logits[b, len(p) - 1 + j]
+            num -= w[j] * (row[want] - (row.max() + math.log(np.exp(row - row.max()).sum())))
+            den += w[j]
+    assert float(loss) == pytest.approx(num / den, rel=1e-5)
+
+
+def test_the_decision_index_is_the_token_after_the_name_and_the_balanced_set_is_balanced(small):
+    tok = small["tok"]
+    exs = C.examples("actor", 3, 400)
+    for a in exs:
+        _, target = a.ids(tok)
+        k = a.decision_index(tok, target)
+        assert target[k - len(tok.encode(a.family)) : k] == tok.encode(a.family)
+        # an entry about the own family: the think goes on with the entry (its title's colon); else it closes
+        assert tok.decode(target[k:]).startswith(":" if a.think != a.family else "</think>")
+    with pytest.raises(ValueError, match="family's name"):
+        exs[0].decision_index(tok, tok.encode("<think>nothing</think>"))
+    picked = C.balanced_for_decision(exs, np.random.default_rng(0))
+    own = sum(1 for a in picked if a.entries and a.think != a.family)
+    absent = sum(1 for a in picked if a.entries and a.think == a.family)
+    rest = sum(1 for a in picked if not a.entries)
+    n = min(
+        sum(1 for a in exs if a.entries and a.think != a.family),
+        sum(1 for a in exs if a.entries and a.think == a.family),
+    )
+    assert (own, absent, rest) == (n, n, n // 2) and n > 20
+    assert len(set(map(id, picked))) == len(picked)  # each example at most once
+
+
 def test_a_trained_folder_loads_through_the_pretrained_loader_with_the_same_logits(small, tmp_path):
     folder = str(tmp_path / "actor")
     sft.save_folder(folder, small["model"], small["params"], small["path"], dtype="float32")

@@ -86,7 +86,9 @@ def _made_up_names(n: int) -> tuple[str, ...]:
     out: list[str] = []
     while len(out) < n:
         k = int(rng.integers(2, 4))
-        w = "".join(str(rng.choice(onsets)) + str(rng.choice(vowels)) + str(rng.choice(codas)) for _ in range(k))
+        w = "".join(
+            str(rng.choice(onsets)) + str(rng.choice(vowels)) + str(rng.choice(codas)) for _ in range(k)
+        )
         if w not in taken and not any(b in w for b in banned):
             taken.add(w)
             out.append(w)
@@ -223,6 +225,15 @@ class ActorExample:
         own = [e for e in self.entries or () if e.family == self.family]
         return format_entry(own[0].text) if own else self.family
 
+    def decision_index(self, tok, target: Sequence[int]) -> int:
+        """Index in ``target`` (this example's target ids) of the token after the family's name in the think: the
+        one that says whether an entry about the family is in the block (``:`` and the entry, or ``</think>``)."""
+        name = tok.encode(self.family)
+        for k in range(len(target) - len(name) + 1):
+            if list(target[k : k + len(name)]) == name:
+                return k + len(name)
+        raise ValueError(f"the target of {self} does not contain its family's name {self.family!r}")
+
     def ids(self, tok) -> tuple[list[int], list[int]]:
         """``(prompt ids, target ids)``: the context exactly as the rollout builds it (``first_input``, then per
         played turn the reply's ids, ``<|im_end|>`` and ``Episode.observe``'s next input), and the reply
@@ -238,6 +249,22 @@ class ActorExample:
                 raise AssertionError(f"corpus example ended before its target turn: {self}")
             ctx += ep.pending
         return ctx, tok.encode(reply(self.think, self.target)) + [tok.eos_id]
+
+
+def balanced_for_decision(examples: Sequence[ActorExample], rng: np.random.Generator) -> list[ActorExample]:
+    """The examples whose block holds an entry about the own family, as many as those whose block holds entries but
+    none about it (a random subset of the larger side), plus half as many without entries (free or empty block).
+
+    Why: in the mixture ~74% of the prompts with entries hold one about the own family, and the shipped actor's
+    decision token (``:`` or ``</think>`` after the name) sat at that base rate whatever the entries said (its
+    bench's "copies another family's lesson" 0.755; WORKSPACE, issue 49): a balanced set removes the base rate as
+    an answer, so only the match of the entry's title against the observation's family lowers the loss."""
+    own = [a for a in examples if a.entries and a.think != a.family]
+    absent = [a for a in examples if a.entries and a.think == a.family]
+    rest = [a for a in examples if not a.entries]
+    n = min(len(own), len(absent))
+    pick = lambda xs, k: [xs[i] for i in sorted(rng.permutation(len(xs))[:k])]  # noqa: E731
+    return pick(own, n) + pick(absent, n) + pick(rest, n // 2)
 
 
 def _other_family(rng, family: str, near: bool) -> str:

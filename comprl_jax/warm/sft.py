@@ -64,10 +64,11 @@ def pack(
     rows: Sequence[tuple[list[int], list[int]]], pad: int, max_answer: int, length: int = 0, size: int = 0
 ):
     """Rows -> ``(tokens [B, T], valid [B, T], at [B, A], want [B, A], scored [B, A])``: ``at`` the positions whose
-    logits predict the answer tokens ``want`` (``scored`` marks real ones). ``T`` is the longest row rounded up to
+    logits predict the answer tokens ``want`` (``scored`` weighs them: 1 each, or a row's third element, one weight
+    per answer token; 0 for padding). ``T`` is the longest row rounded up to
     :data:`BUCKET` (or ``length``); ``B`` is ``len(rows)`` (or ``size``: padding rows score nothing), so a probe
     compiles one shape."""
-    T = max(max(len(p) + len(a) for p, a in rows), length)
+    T = max(max(len(r[0]) + len(r[1]) for r in rows), length)
     T = -(-T // BUCKET) * BUCKET
     B = max(len(rows), size)
     tokens = np.full((B, T), pad, np.int32)
@@ -75,14 +76,15 @@ def pack(
     at = np.zeros((B, max_answer), np.int32)
     want = np.zeros((B, max_answer), np.int32)
     scored = np.zeros((B, max_answer), np.float32)
-    for b, (p, a) in enumerate(rows):
+    for b, r in enumerate(rows):
+        p, a = r[0], r[1]
         row = list(p) + list(a)
         tokens[b, : len(row)] = row
         valid[b, : len(row)] = True
         n = min(len(a), max_answer)
         at[b, :n] = np.arange(len(p) - 1, len(p) - 1 + n)
         want[b, :n] = a[:n]
-        scored[b, :n] = 1.0
+        scored[b, :n] = r[2][:n] if len(r) > 2 else 1.0
     return tokens, valid, at, want, scored
 
 
@@ -95,8 +97,8 @@ def answer_logits(graphdef, params, tokens, valid, at):
 
 
 def loss_fn(graphdef, params, tokens, valid, at, want, scored, lm_weight: float = 0.0):
-    """Mean cross-entropy over the scored answer tokens (plus ``lm_weight`` x the mean next-token cross-entropy
-    over the whole row, prompt included); also the answer-token accuracy."""
+    """Cross-entropy over the answer tokens, averaged with the weights ``scored`` (plus ``lm_weight`` x the mean
+    next-token cross-entropy over the whole row, prompt included); also the answer-token accuracy (same weights)."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     hidden = dec.forward(graphdef, params, tokens, positions, valid, return_hidden=True)
     h = jnp.take_along_axis(hidden, at[..., None], axis=1)
@@ -170,7 +172,7 @@ def train(
     step_fn = make_step(graphdef, opt, cfg.lm_weight)
     rng = np.random.default_rng(cfg.seed)
     plan = [(r, n) for r, n in curriculum if n > 0] + [(rows, cfg.steps)]
-    streams = [batches(len(r), [len(p) + len(a) for p, a in r], cfg.batch, rng) for r, _ in plan]
+    streams = [batches(len(r), [len(x[0]) + len(x[1]) for x in r], cfg.batch, rng) for r, _ in plan]
     ends = np.cumsum([n for _, n in plan])
     losses, accs = [], []
     for s in range(1, cfg.steps + 1):

@@ -96,7 +96,14 @@ def play_actor(trainer, trials: list[Trial], key) -> list[dict]:
                 context=lim.context,
             )
         )
-    trajs, _ = trainer.play(specs, trainer.eval_pools(None), step=0, key=key, record=False)
+    # The eval pools have tasks_per_step x group_size lanes: play the trials that many at a time.
+    lanes = trainer.config.rollout.tasks_per_step * trainer.config.rollout.group_size
+    pools, trajs = trainer.eval_pools(None), []
+    for i in range(0, len(specs), lanes):
+        got, _ = trainer.play(
+            specs[i : i + lanes], pools, step=0, key=jax.random.fold_in(key, i // lanes), record=False
+        )
+        trajs += got
     out = []
     for t, tr in zip(trials, trajs, strict=True):
         played = parse_answer(tr.transcript[0][1]) if tr.transcript else None

@@ -78,7 +78,9 @@ STUDIES = {
 }
 
 
-def arm_config(study: str, arm: str, seed: int, steps: int = STEPS):
+def arm_config(study: str, arm: str, seed: int, steps: int = STEPS, overrides: tuple[str, ...] = ()):
+    """The arm's config; ``overrides`` (``key=value``, exploratory runs only, never the pre-registered ones) are
+    cast to the type of the value they replace."""
     from comprl_jax import config as config_lib
 
     s = STUDIES[study]
@@ -88,6 +90,18 @@ def arm_config(study: str, arm: str, seed: int, steps: int = STEPS):
         c.train.steps = steps
         c.checkpoint.every = 5
         c.extractor.model = s["arms"][arm]
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            *path, leaf = key.split(".")
+            node = c
+            for part in path:
+                node = node[part]
+            if not sep or leaf not in node:
+                raise ValueError(
+                    f"--set {item!r}: give key=value with a key the config has (e.g. extractor.lr=3e-5)"
+                )
+            old = node[leaf]
+            node[leaf] = (value.lower() in ("1", "true")) if isinstance(old, bool) else type(old)(value)
     return c
 
 
@@ -120,7 +134,9 @@ def _logging_trainer():
     return LoggingTrainer
 
 
-def run_arm(study: str, arm: str, seed: int, root: str, steps: int = STEPS) -> dict:
+def run_arm(
+    study: str, arm: str, seed: int, root: str, steps: int = STEPS, overrides: tuple[str, ...] = ()
+) -> dict:
     """Trains one arm x seed in ``root/<arm>_s<seed>`` (resuming), returns its figures."""
     from comprl_jax.loop import run as run_lib
 
@@ -129,11 +145,13 @@ def run_arm(study: str, arm: str, seed: int, root: str, steps: int = STEPS) -> d
     trainer_cls = run_lib.Trainer
     run_lib.Trainer = _logging_trainer()
     try:
-        run_lib.run(arm_config(study, arm, seed, steps), workdir, progress=False)
+        run_lib.run(arm_config(study, arm, seed, steps, overrides), workdir, progress=False)
     finally:
         run_lib.Trainer = trainer_cls
     fig = run_figures(workdir, seed)
     fig.update(study=study, arm=arm, extractor=STUDIES[study]["arms"][arm], wall_s=round(time.time() - t0, 1))
+    if overrides:
+        fig["overrides"] = list(overrides)
     return fig
 
 
@@ -332,12 +350,24 @@ _ARMS = flags.DEFINE_list("arms", [], "only these arms (default: the study's)")
 _SEEDS = flags.DEFINE_list("seeds", [str(s) for s in SEEDS], "seeds")
 _STEPS = flags.DEFINE_integer("steps", STEPS, "training steps per run (the pre-registered comparison: 30)")
 _RESULTS = flags.DEFINE_string("results", RESULTS, "where each finished run's figures go")
+_SET = flags.DEFINE_list(
+    "set",
+    [],
+    "exploratory config overrides key=value (need their own --results and --root: never the "
+    "pre-registered comparison's)",
+)
 
 
 def main(argv):
     del argv
     study = _STUDY.value
     where = _RESULTS.value
+    overrides = tuple(_SET.value)
+    if overrides and (os.path.abspath(where) == os.path.abspath(RESULTS) or _ROOT.value == _ROOT.default):
+        raise app.UsageError(
+            "--set runs are exploratory: give them their own --results and --root (the pre-registered "
+            f"comparison's results live in {RESULTS}, its runs in {_ROOT.default})"
+        )
     if not _REPORT.value:
         done = {(a, f["seed"]) for a, fs in results(study, where).items() for f in fs}
         arms = _ARMS.value or list(STUDIES[study]["arms"])
@@ -346,7 +376,7 @@ def main(argv):
                 if (arm, seed) in done:
                     continue
                 root = os.path.join(_ROOT.value, study)
-                fig = run_arm(study, arm, seed, root, _STEPS.value)
+                fig = run_arm(study, arm, seed, root, _STEPS.value, overrides)
                 record(study, fig, os.path.join(root, f"{arm}_s{seed}"), _COMMIT.value, where)
                 print(json.dumps({"bench": "compare_warm_run", **fig}), flush=True)
     report(study, where=where)
