@@ -44,11 +44,13 @@ def get_config(arg: str | None = None):
         elif scale == "warm":
             # The shipped warm-start models (issue 49): they read and write lessons before RL starts. 8 tasks x 8
             # episodes a step as :cpu; a smaller step than :cpu's 1e-3 for models whose skills the update must
-            # keep; held-out evaluation over 16 tasks x 4 episodes per mode.
+            # keep; held-out evaluation over 16 tasks x 4 episodes per mode. The extractor's 3e-5: at 3e-4 its
+            # CISPO update took the early extractor's right lessons from 0.36 to 0.09 in 30 steps (the full one's
+            # from 0.99 to 0.13 under blank experience); at 3e-5 they held, 0.46 -> 0.47 (WORKSPACE, issue 49).
             c.rollout.tasks_per_step = 8
             c.rollout.group_size = 8
             c.actor.lr = 3e-4
-            c.extractor.lr = 3e-4
+            c.extractor.lr = 3e-5
             c.actor.updates_per_batch = 1
             c.train.eval_tasks = 16
         elif scale == "smollm":

@@ -25,7 +25,8 @@ def cw():
 def test_arm_configs_are_the_pre_registered_ones_and_overrides_take_their_type(cw):
     c = cw.arm_config("main", "complementary", 2)
     assert (c.seed, c.train.steps, c.extractor.model) == (2, 30, "warm_extractor_early")
-    assert c.extractor.lr == pytest.approx(3e-4)
+    assert c.extractor.lr == pytest.approx(3e-4)  # what `main` ran with, pinned
+    assert cw.arm_config("v2", "complementary", 2).extractor.lr == pytest.approx(3e-5)  # the :warm scale's
     c = cw.arm_config("main", "complementary", 0, overrides=("extractor.lr=3e-5", "rollout.group_size=4"))
     assert c.extractor.lr == pytest.approx(3e-5) and isinstance(c.extractor.lr, float)
     assert c.rollout.group_size == 4 and isinstance(c.rollout.group_size, int)

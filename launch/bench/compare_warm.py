@@ -35,6 +35,17 @@ rising under complementary and flat under static_online; the self_distill arm's 
 What would count against the method: complementary's evaluation with experience not above without (the reading
 or writing link broke: find which, measured), or complementary no better than static_online on right lessons.
 
+SECOND PRE-REGISTRATION, `--study=v2` (written 2026-12-07 after `main` and before v2's first run; nothing of it
+changes after that run). Why: `main` ran on the models of commit c4b3996, whose actor copied another family's lesson
+0.755 of the time (its decision token sat at the mixture's base rate, 0.74), and at extractor lr 3e-4 the CISPO
+update took the early extractor's right-lesson share from 0.36 to 0.09 in 30 steps (blank_exp's full extractor:
+0.99 to 0.13); one exploratory run at 3e-5 (complementary, seed 0, `--set=extractor.lr=3e-5`) held it at 0.46 ->
+0.47. v2 = `main`'s arms, extractors, seeds, steps, evaluation, statistics, expectations and counter-evidence, on
+the models committed with this text (the actor after `actor_tune`) at the `:warm` scale's extractor lr 3e-5;
+results in `notebooks/results/compare_warm/v2/`. Caveat known before the run, for both comparisons: the 4 held-out
+episodes of a task share its instance and family and the 16 tasks repeat families (seed 0's draw: 10 families), so
+the binomial standard error treats correlated episodes as independent; the across-seed one (3 seeds) does not.
+
 Point 4 (`--study=attempts3`): `configs/hidden_rule.py:warm,attempts=3` (a wrong action resets the lock with
 feedback, 3 tries), arms baseline and complementary (full extractor: the point is acting, not co-evolution),
 seeds 0, 1, 2, 30 steps. Statistic: actions per success = total actions / successes over the held-out evaluation
@@ -61,7 +72,20 @@ RESULTS = os.path.join(REPO, "notebooks", "results", "compare_warm")
 STEPS = 30
 SEEDS = (0, 1, 2)
 STUDIES = {
+    # `main` ran on the models of commit c4b3996 at the extractor lr of its day (3e-4, pinned here so that it
+    # reproduces); `v2` on the models of its own pre-registration's commit, at the `:warm` scale's lr
     "main": {
+        "variant": "warm",
+        "overrides": ("extractor.lr=3e-4",),
+        "arms": {
+            "baseline": "warm_extractor",
+            "complementary": "warm_extractor_early",
+            "static_online": "warm_extractor_early",
+            "blank_exp": "warm_extractor",
+            "self_distill": "warm_extractor",
+        },
+    },
+    "v2": {
         "variant": "warm",
         "arms": {
             "baseline": "warm_extractor",
@@ -90,7 +114,7 @@ def arm_config(study: str, arm: str, seed: int, steps: int = STEPS, overrides: t
         c.train.steps = steps
         c.checkpoint.every = 5
         c.extractor.model = s["arms"][arm]
-        for item in overrides:
+        for item in (*s.get("overrides", ()), *overrides):
             key, sep, value = item.partition("=")
             *path, leaf = key.split(".")
             node = c
