@@ -49,9 +49,14 @@ demo: $(STAMP)  # the demo needs no TPU compiler
 	$(PYTHON) launch/demo.py --workdir=runs/demo
 
 # Trains the warm-start actor and extractor (issue 49) into comprl_jax/models/warm/ (the repository ships them: the
-# demo never needs this), then measures their skills on held-out material (launch/bench/warm_start.py).
+# demo never needs this), then measures their skills on held-out material (launch/bench/warm_start.py). The shared
+# vocabulary first; then the actor (and its actor_tune) and the extractor as two processes, one core each (~100 min
+# on 2 cores, WORKSPACE "The shipped models").
 warm-start: $(STAMP)
-	$(PYTHON) launch/warm_start.py
+	$(PYTHON) launch/warm_start.py --roles=vocab
+	$(PYTHON) launch/warm_start.py --roles=actor,actor_tune & a=$$!; \
+	$(PYTHON) launch/warm_start.py --roles=extractor & e=$$!; \
+	wait $$a; sa=$$?; wait $$e; se=$$?; [ $$sa = 0 ] && [ $$se = 0 ]
 	$(PYTHON) launch/bench/warm_start.py
 
 # Two pytest-xdist workers (TEST_WORKERS=N for more on a bigger machine; memory: up to ~8 GB each). Compiling is

@@ -30,7 +30,7 @@ fi
 "$PY" -c "import jax; print({'bench': 'device_experiment', 'devices': [str(d) for d in jax.devices()]})"
 start=$(date +%s)
 # shellcheck disable=SC2086
-"$PY" launch/bench/compare_warm.py --study=main --arms=baseline,complementary,static_online \
+"$PY" launch/bench/compare_warm.py --study=v2 --arms=baseline,complementary,static_online \
   --seeds="${SEEDS// /,}" --steps="$STEPS" --root="$OUT/compare_warm_device" --results="$OUT/compare_warm_results" \
   2>"$OUT/device_experiment.err" | grep '"bench"'
 rc=${PIPESTATUS[0]}
