@@ -71,30 +71,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESULTS = os.path.join(REPO, "notebooks", "results", "compare_warm")
 STEPS = 30
 SEEDS = (0, 1, 2)
+# the five arms and their extractors (the co-evolution pair with the early one), the same in `main` and `v2`
+MAIN_ARMS = {
+    "baseline": "warm_extractor",
+    "complementary": "warm_extractor_early",
+    "static_online": "warm_extractor_early",
+    "blank_exp": "warm_extractor",
+    "self_distill": "warm_extractor",
+}
 STUDIES = {
     # `main` ran on the models of commit c4b3996 at the extractor lr of its day (3e-4, pinned here so that it
     # reproduces); `v2` on the models of its own pre-registration's commit, at the `:warm` scale's lr
-    "main": {
-        "variant": "warm",
-        "overrides": ("extractor.lr=3e-4",),
-        "arms": {
-            "baseline": "warm_extractor",
-            "complementary": "warm_extractor_early",
-            "static_online": "warm_extractor_early",
-            "blank_exp": "warm_extractor",
-            "self_distill": "warm_extractor",
-        },
-    },
-    "v2": {
-        "variant": "warm",
-        "arms": {
-            "baseline": "warm_extractor",
-            "complementary": "warm_extractor_early",
-            "static_online": "warm_extractor_early",
-            "blank_exp": "warm_extractor",
-            "self_distill": "warm_extractor",
-        },
-    },
+    "main": {"variant": "warm", "overrides": ("extractor.lr=3e-4",), "arms": MAIN_ARMS},
+    "v2": {"variant": "warm", "arms": MAIN_ARMS},
     "attempts3": {
         "variant": "warm,attempts=3",
         "arms": {"baseline": "warm_extractor", "complementary": "warm_extractor"},
