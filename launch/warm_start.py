@@ -1,14 +1,15 @@
 """`make warm-start`: trains the small actor and extractor that can read and write lessons (issue 49) and writes them
 where the `:warm` scale loads them (`comprl_jax/models/warm/{actor,extractor,extractor_early}`).
 
-  python launch/warm_start.py [--out=comprl_jax/models/warm] [--corpus_seed=0] [--roles=vocab,actor,extractor]
+  python launch/warm_start.py [--out=comprl_jax/models/warm] [--corpus_seed=0] [--roles=vocab,actor,actor_tune,extractor]
 
 Steps: the corpus (`comprl_jax/warm/corpus.py`, seeded by --corpus_seed alone), the shared BPE vocabulary
 (`comprl_jax/warm/vocab.py`, trained on the corpus's prompts as the rollout renders them), the actor's supervised run
-(a curriculum: one applying lesson, then lessons among other families' lessons, then the whole mixture), the
-extractor's run (snapshots on the way), and the early extractor: the first snapshot whose share of right lessons
-after a success (greedy reading of the answer's family and verb under teacher forcing, on held-out instances) is in
-[0.3, 0.5]. Prompts are those of `configs/hidden_rule.py:warm` (its bank.max_entry_chars, extractor.transcript_chars,
+(a curriculum: one applying lesson, then lessons among other families' lessons, then the whole mixture), its tune
+(`actor_tune`: the saved actor fine-tuned on a balanced set with the decision token weighted; it tunes whatever
+OUT/actor holds, so run it once after `actor`), the extractor's run (snapshots on the way), and the early
+extractor: the first snapshot whose share of right lessons after a success (greedy reading of the answer's family
+and verb under teacher forcing, on held-out instances) is in [0.3, 0.5]. Prompts are those of `configs/hidden_rule.py:warm` (its bank.max_entry_chars, extractor.transcript_chars,
 extractor.max_context and sampling.max_new_tokens). One JSON line per logged step, also appended to
 OUT/warm_start.jsonl. `--quick` trains seconds-long models (tests).
 """
@@ -35,7 +36,8 @@ _ROLES = flags.DEFINE_list(
     "roles",
     ["vocab", "actor", "actor_tune", "extractor"],
     "what to make: the shared vocabulary, then the models (each role may run in its own process once the vocabulary "
-    "is there: `make warm-start` runs the two at once on 2 cores)",
+    "is there: `make warm-start` runs actor,actor_tune beside extractor on 2 cores; actor_tune tunes whatever OUT/actor "
+    "holds: once after actor)",
 )
 _ACTOR_STEPS = flags.DEFINE_integer("actor_steps", 6000, "actor SFT steps (the curriculum's included)")
 _EXTRACTOR_STEPS = flags.DEFINE_integer("extractor_steps", 1500, "extractor SFT steps")
