@@ -27,10 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from comprl_jax import config as config_lib
 from launch import common as lu
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "run directory (one sub-directory per arm)")
-_STEPS = flags.DEFINE_integer("steps", 12, "training steps per arm")
-_BASELINE = flags.DEFINE_boolean("baseline", False, "also train the outcome-only baseline")
-_ROOM = flags.DEFINE_boolean("room", False, "the Room-5x5 demo with tiny random-init models instead")
+
+def define_flags() -> None:
+    """The command line (defined only when run as a script: tests load this module beside other launch
+    scripts, and absl allows one ``--steps`` per process)."""
+    flags.DEFINE_string("workdir", "runs/demo", "run directory (one sub-directory per arm)")
+    flags.DEFINE_integer("steps", 12, "training steps per arm")
+    flags.DEFINE_boolean("baseline", False, "also train the outcome-only baseline")
+    flags.DEFINE_boolean("room", False, "the Room-5x5 demo with tiny random-init models instead")
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOM = "comprl/MiniHack-Room-5x5-v0"
@@ -89,16 +94,16 @@ def main(argv):
     t0 = time.time()
     from comprl_jax.config import validate
 
-    room = _ROOM.value
-    arms = ["complementary"] + (["baseline"] if _BASELINE.value else [])
-    configs = {m: demo_config(_STEPS.value, m, room) for m in arms}
+    room = flags.FLAGS.room
+    arms = ["complementary"] + (["baseline"] if flags.FLAGS.baseline else [])
+    configs = {m: demo_config(flags.FLAGS.steps, m, room) for m in arms}
     for c in configs.values():
         validate(c)
-    root = os.path.abspath(_WORKDIR.value)
+    root = os.path.abspath(flags.FLAGS.workdir)
     undo = lu.prepare_workdir(root)
     env = configs["complementary"].env.tasks[0]
     models = "tiny random-init models" if room else "the shipped warm-start models"
-    print(f"[demo] {' vs '.join(arms)} on {env}, {models}, {_STEPS.value} steps each -> {root}")
+    print(f"[demo] {' vs '.join(arms)} on {env}, {models}, {flags.FLAGS.steps} steps each -> {root}")
     outs = {}
     try:
         from comprl_jax.loop import run as run_lib
@@ -146,4 +151,5 @@ def _cell(x) -> str:
 
 
 if __name__ == "__main__":
-    lu.run(main, lambda: _WORKDIR.value)
+    define_flags()
+    lu.run(main, lambda: flags.FLAGS.workdir)

@@ -146,20 +146,63 @@ def test_every_import_in_the_package_goes_down_the_layers():
     assert not _layer_violations(graph), "\n".join(_layer_violations(graph))
 
 
+def _strings_in_order(node) -> list[str]:
+    """The string constants under ``node``, left to right (``ast.walk`` is breadth-first: a pathlib ``/`` chain
+    would come out last part first)."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    return [s for child in ast.iter_child_nodes(node) for s in _strings_in_order(child)]
+
+
+def _launch_scripts_the_tests_load() -> list[str]:
+    """Every launch script a test file loads with ``spec_from_file_location``, however it spells the path
+    ("launch/demo.py", os.path.join(REPO, "launch", "bench", "moe.py"), a pathlib ``/`` chain, a name assigned
+    one of those): the string parts of the path argument, joined."""
+    found = set()
+    for f in sorted(os.listdir(os.path.join(REPO, "tests"))):
+        if not f.endswith(".py") or f == os.path.basename(__file__):
+            continue
+        tree = ast.parse(open(os.path.join(REPO, "tests", f)).read())
+        assigned = {
+            t.id: n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "spec_from_file_location"):
+                continue
+            arg = n.args[1]
+            arg = assigned.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
+            parts = _strings_in_order(arg)
+            rel = os.path.normpath("/".join(parts))
+            if rel.startswith("launch" + os.sep) and os.path.exists(os.path.join(REPO, rel)):
+                found.add(rel)
+    return sorted(found)
+
+
 def test_launch_scripts_the_tests_import_share_one_process_without_flag_clashes():
-    """absl allows one definition of a flag name per process, and pytest-xdist puts tests that import
-    launch/plan_memory.py, launch/reproduce.py, launch/bench/learning.py, compare_stat.py and experience_matters.py
-    in one worker in any order (a
-    DuplicateFlagError failed nine tests of one CI run)."""
+    """absl allows one definition of a flag name per process, and pytest-xdist puts tests that import launch
+    scripts in one worker in any order (a DuplicateFlagError failed nine tests of one CI run, and eleven of
+    another when launch/bench/compare_warm.py defined --steps and --study at import). Every script a test loads
+    is loaded here into one process: a script's flags belong in a ``define_flags()`` run only as a script, or
+    must not clash."""
     import subprocess
     import sys
 
+    scripts = _launch_scripts_the_tests_load()
+    for must in (
+        "launch/bench/compare_warm.py",
+        "launch/demo.py",
+        "launch/compile_check.py",
+        "launch/bench/train.py",
+    ):
+        assert must in scripts, (must, scripts)  # the finder itself works
     code = (
         "import importlib.util, sys\n"
-        "for name, path in [('bench_learning', 'launch/bench/learning.py'), ('plan_memory', 'launch/plan_memory.py'),"
-        " ('reproduce', 'launch/reproduce.py'),"
-        " ('bench_compare_stat', 'launch/bench/compare_stat.py'),"
-        " ('bench_experience_matters', 'launch/bench/experience_matters.py')]:\n"
+        f"for i, path in enumerate({scripts!r}):\n"
+        "    name = f'launch_script_{i}'\n"
         "    spec = importlib.util.spec_from_file_location(name, path)\n"
         "    mod = importlib.util.module_from_spec(spec)\n"
         "    sys.modules[name] = mod\n"

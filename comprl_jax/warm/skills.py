@@ -96,9 +96,9 @@ def play_actor(trainer, trials: list[Trial], key) -> list[dict]:
                 context=lim.context,
             )
         )
-    # The eval pools have tasks_per_step x group_size lanes: play the trials that many at a time.
-    lanes = trainer.config.rollout.tasks_per_step * trainer.config.rollout.group_size
+    # Play the trials as many at a time as the eval pool has lanes (the trainer sizes it: tasks x group).
     pools, trajs = trainer.eval_pools(None), []
+    lanes = pools.pools[ENV].num_slots
     for i in range(0, len(specs), lanes):
         got, _ = trainer.play(
             specs[i : i + lanes], pools, step=0, key=jax.random.fold_in(key, i // lanes), record=False

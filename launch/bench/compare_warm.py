@@ -355,45 +355,51 @@ def record(study: str, fig: dict, workdir: str, commit: bool, where: str = RESUL
         subprocess.run(["git", "commit", "-q", "-m", msg, "--", d], cwd=REPO, check=False)
 
 
-_STUDY = flags.DEFINE_enum("study", "main", list(STUDIES), "which comparison")
-_ROOT = flags.DEFINE_string("root", "/tmp/compare_warm", "run directories (not kept: the results folder is)")
-_REPORT = flags.DEFINE_boolean("report", False, "only report what the results folder holds")
-_COMMIT = flags.DEFINE_boolean("commit", False, "git-commit each run's results as it finishes")
-_ARMS = flags.DEFINE_list("arms", [], "only these arms (default: the study's)")
-_SEEDS = flags.DEFINE_list("seeds", [str(s) for s in SEEDS], "seeds")
-_STEPS = flags.DEFINE_integer("steps", STEPS, "training steps per run (the pre-registered comparison: 30)")
-_RESULTS = flags.DEFINE_string("results", RESULTS, "where each finished run's figures go")
-_SET = flags.DEFINE_list(
-    "set",
-    [],
-    "exploratory config overrides key=value (need their own --results and --root: never the "
-    "pre-registered comparison's)",
-)
+def define_flags() -> None:
+    """The command line (defined only when run as a script: importing this module defines no absl flag, so a
+    test process that also loads launch/demo.py or plan_memory.py sees no duplicate ``--steps``/``--study``)."""
+    flags.DEFINE_enum("study", "main", list(STUDIES), "which comparison")
+    flags.DEFINE_string("root", "/tmp/compare_warm", "run directories (not kept: the results folder is)")
+    flags.DEFINE_boolean("report", False, "only report what the results folder holds")
+    flags.DEFINE_boolean("commit", False, "git-commit each run's results as it finishes")
+    flags.DEFINE_list("arms", [], "only these arms (default: the study's)")
+    flags.DEFINE_list("seeds", [str(s) for s in SEEDS], "seeds")
+    flags.DEFINE_integer("steps", STEPS, "training steps per run (the pre-registered comparison: 30)")
+    flags.DEFINE_string("results", RESULTS, "where each finished run's figures go")
+    flags.DEFINE_list(
+        "set",
+        [],
+        "exploratory config overrides key=value (need their own --results and --root: never the "
+        "pre-registered comparison's)",
+    )
 
 
 def main(argv):
     del argv
-    study = _STUDY.value
-    where = _RESULTS.value
-    overrides = tuple(_SET.value)
-    if overrides and (os.path.abspath(where) == os.path.abspath(RESULTS) or _ROOT.value == _ROOT.default):
+    F = flags.FLAGS
+    study = F.study
+    where = F.results
+    overrides = tuple(F.set)
+    default_root = F["root"].default
+    if overrides and (os.path.abspath(where) == os.path.abspath(RESULTS) or F.root == default_root):
         raise app.UsageError(
             "--set runs are exploratory: give them their own --results and --root (the pre-registered "
-            f"comparison's results live in {RESULTS}, its runs in {_ROOT.default})"
+            f"comparison's results live in {RESULTS}, its runs in {default_root})"
         )
-    if not _REPORT.value:
+    if not F.report:
         done = {(a, f["seed"]) for a, fs in results(study, where).items() for f in fs}
-        arms = _ARMS.value or list(STUDIES[study]["arms"])
-        for seed in [int(s) for s in _SEEDS.value]:  # seed-major: a cut-short sweep stays balanced
+        arms = F.arms or list(STUDIES[study]["arms"])
+        for seed in [int(s) for s in F.seeds]:  # seed-major: a cut-short sweep stays balanced
             for arm in arms:
                 if (arm, seed) in done:
                     continue
-                root = os.path.join(_ROOT.value, study)
-                fig = run_arm(study, arm, seed, root, _STEPS.value, overrides)
-                record(study, fig, os.path.join(root, f"{arm}_s{seed}"), _COMMIT.value, where)
+                root = os.path.join(F.root, study)
+                fig = run_arm(study, arm, seed, root, F.steps, overrides)
+                record(study, fig, os.path.join(root, f"{arm}_s{seed}"), F.commit, where)
                 print(json.dumps({"bench": "compare_warm_run", **fig}), flush=True)
     report(study, where=where)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
