@@ -178,3 +178,29 @@ def test_the_warm_actor_follows_an_oracle_lesson_far_above_chance(tmp_path):
     follow = np.mean([r["played"] == r["named"] for r in got])
     z = (follow - 1 / 8) / math.sqrt((1 / 8) * (7 / 8) / len(got))
     assert len(got) == 48 and z >= 4, (follow, z)
+
+
+def test_the_decision_probe_reports_every_block_size_and_place(tmp_path):
+    """launch/bench/warm_decision.py on the shipped actor, 60 prompts a split: each figure a probability with the
+    count behind it, the counts of a split's block sizes adding up to its prompts, the by-place and by-likeness
+    breakdowns adding up to their block size's own count."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_warm_decision", "launch/bench/warm_decision.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    got = bench.measure("warm_actor", 60, 7)
+    assert got["bench"] == "warm_decision"
+    for split in ("train", "held_out"):
+        sizes = [
+            k
+            for k in got
+            if k.startswith(split) and k.endswith("_count") and "_at" not in k and "_near" not in k
+        ]
+        assert sum(got[k] for k in sizes) == 60, sizes
+        for n in (2, 3):
+            own = got.get(f"{split}_own_n{n}_count", 0)
+            assert sum(got.get(f"{split}_own_n{n}_at{j}_count", 0) for j in range(n)) == own
+            assert sum(got.get(f"{split}_own_n{n}_near{j}_count", 0) for j in (0, 1)) == own
+        probs = [v for k, v in got.items() if k.startswith(split) and not k.endswith("_count")]
+        assert probs and all(0.0 <= p <= 1.0 for p in probs)
