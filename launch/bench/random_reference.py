@@ -21,27 +21,12 @@ from absl import app, flags
 
 from comprl_jax import config as config_lib
 from comprl_jax.envs import registry
+from comprl_jax.envs.random_policy import play
 from comprl_jax.rollout.tasks import TaskSampler
 
 _CONFIG = flags.DEFINE_string("config", "configs/minihack_room.py:cpu", "config file[:variant]")
 _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "comma-separated run seeds")
 _STEPS = flags.DEFINE_integer("steps", 12, "training steps of the runs")
-
-
-def play(env, seed: int, episodes: int, max_turns: int, rng: np.random.Generator) -> list[bool]:
-    """``episodes`` uniform-random episodes of the level ``seed``; their binary successes."""
-    out = []
-    for _ in range(episodes):
-        env.reset(seed=seed)
-        success = False
-        for _ in range(max_turns):
-            action = str(rng.choice(env.actions))
-            _, _, term, trunc, info = env.step(f"<answer>{action}</answer>")
-            success = bool(info["success"])
-            if term or trunc:
-                break
-        out.append(success)
-    return out
 
 
 def main(argv):
