@@ -11,6 +11,7 @@ An environment is a ``gymnasium.Env`` whose observations and actions are text (`
   (the parsed action or None). An unparsable / invalid action never raises, and neither does a reply that is not
   a ``str`` (``bytes``, ``int``, ``None``...): it is an invalid action. Messages that quote an invalid action cut it
   to ``ECHO_CHARS`` characters (:func:`echo`), so a 10,000-character reply does not flood the next observation.
+  Observations are valid Unicode (:func:`valid_text`: no lone surrogate reaches a tokenizer).
 * ``step`` before the first ``reset`` or after the episode ended raises ``RuntimeError`` ("call reset() first"):
   that is a bug in the caller, not an action of the agent.
 * ``system_prompt() -> str``: states the task, the action format and the action set.
@@ -49,6 +50,16 @@ def parse_answer(reply: str) -> str | None:
         return None
     action = found[-1].strip()
     return action or None
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: a lone surrogate (a file name's undecodable bytes as Python reads them, or a
+    model's ``"\\ud800"`` echoed back) becomes ``?``, so no tokenizer downstream sees one (issue 50 point 3)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def echo(action: str | None, limit: int = ECHO_CHARS) -> str:
@@ -101,6 +112,7 @@ class TextEnv(gym.Env):
         self._done = False
         self._needs_reset = True  # stays set if _reset raises half-way
         obs, info = self._reset(seed)
+        obs = valid_text(obs)
         for key in ("task_id", "goal", "query"):
             if key not in info:
                 raise KeyError(f"{type(self).__name__}._reset must put {key!r} in info")
@@ -120,6 +132,7 @@ class TextEnv(gym.Env):
         # A reply that is not text (bytes, a number, None) is the agent's invalid action, never a crash.
         parsed = self.parse_action(action) if isinstance(action, str) else None
         obs, reward, terminated, info = self._step(parsed)
+        obs = valid_text(obs)
         self._turn += 1
         invalid = bool(info.get("invalid_action", parsed is None))
         info["invalid_action"] = invalid

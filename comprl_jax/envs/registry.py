@@ -63,6 +63,10 @@ class EnvSpec:
     # the constructor argument that takes the run's seed (``Pools(run_seed=)``; the trainer passes ``seed``): an
     # env whose hidden rules are drawn once per run (HiddenRule); None for the others
     run_seed_kwarg: str | None = None
+    # held-out evaluation counts an infra-failed episode as a failure (its number is reported beside the rate):
+    # where the agent can make the env fail (SWE: a working copy that hangs the grader), dropping those episodes
+    # would let a policy skip the tasks it cannot solve (issue 50 point 3)
+    infra_counts_as_failure: bool = False
 
     def __post_init__(self):
         if self.levels not in LEVELS:
@@ -92,6 +96,7 @@ def register(
     eval_sizes: dict[str, int] | None = None,
     limits: Limits = Limits(),
     run_seed_kwarg: str | None = None,
+    infra_counts_as_failure: bool = False,
     **kwargs: Any,
 ) -> EnvSpec:
     """Adds (or replaces) ``env_id``; ``entry_point`` is ``"module:Class"``; ``kwargs`` go to the constructor.
@@ -109,6 +114,7 @@ def register(
         dict(eval_sizes or {}),
         limits,
         run_seed_kwarg,
+        infra_counts_as_failure,
     )
     _REGISTRY[env_id] = spec
     return spec
@@ -174,6 +180,7 @@ register(
     train_split="train",
     eval_splits=("eval", "same_project_eval"),
     eval_sizes={"eval": 100, "same_project_eval": 62},
+    infra_counts_as_failure=True,
 )
 
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRY)

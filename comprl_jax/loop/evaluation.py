@@ -21,7 +21,9 @@ A result row: ``{"env_id", "split", "tasks", "success", "episodes", "infra_faile
 1 or the env's failure reward), ``score`` (the env's own episode reward: WebShop's graded attribute / option /
 price match, SPEC §10; elsewhere the success reward) and ``actions`` (env actions per episode, SPEC §8; search & ask
 turns are not actions) are over the ``episodes`` that did not fail for infrastructure reasons (``infra_failed`` of
-them did: an env raised, hung or its worker died).
+them did: an env raised, hung or its worker died). Where the registry says ``infra_counts_as_failure`` (SWE-Lite:
+a policy could learn to crash the env on the tasks it cannot solve), ``success`` is over every episode played,
+an infra-failed one counting as a failure.
 """
 
 from __future__ import annotations
@@ -118,11 +120,13 @@ def evaluate(
                 key, sub = jax.random.split(key)
                 trajs += player.play(player.specs(tasks[i : i + per_call], guided), pools, sub)
             ok = [t for t in trajs if not t.infra_failed]
+            # where the agent can make the env fail (SWE), a failed episode is a failure, not a skipped task
+            scored = trajs if registry.spec(env_id).infra_counts_as_failure else ok
             out[label(env_id, split, env.eval_split)] = {
                 "env_id": env_id,
                 "split": split_name(env_id, split),
                 "tasks": len(tasks),
-                "success": _mean([t.success for t in ok]),
+                "success": _mean([bool(t.success) and not t.infra_failed for t in scored]),
                 "episodes": len(ok),
                 "infra_failed": len(trajs) - len(ok),
                 "mean_reward": _mean([outcome(t) for t in ok]),

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -53,6 +54,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from comprl_jax.envs.swe import grading
 from comprl_jax.envs.swe.container import REPO_DIR, RUNTIMES, ContainerSandbox
 from comprl_jax.envs.swe.files import ShellFiles, framed, unframe
 from comprl_jax.envs.swe.sandbox import MOUNT, Result, Sandbox, SandboxLimits
@@ -237,6 +239,9 @@ class CheckoutBox:
         return self.sandbox.run(command, limits, stdin=stdin)
 
     def close(self) -> None:
+        close = getattr(self.sandbox, "close", None) if hasattr(self, "sandbox") else None
+        if close is not None:
+            close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -328,14 +333,23 @@ class SWEBenchEnv(ToolEnv):
             )
         return body
 
-    def evaluate(self) -> tuple[float, str]:
-        """Grades the submission in a fresh box: (reward, report)."""
+    def evaluate(self) -> tuple[float, str, dict[str, Any]]:
+        """Grades the submission in a fresh box: (reward, report, info). grading.py's rules: files that load
+        before or beside the runner are dropped from the diff; for pytest logs, sentinel tests run beside the
+        task's and the verdicts come from pytest's JUnit report (``PYTEST_ADDOPTS`` adds both to whatever command
+        the eval script runs); other log formats are read from the log (no sentinel)."""
         assert self.task is not None
         task = self.task
         try:
             patch = self.diff()
         except RuntimeError as e:
-            return 0.0, f"Not solved: {e}"
+            return 0.0, f"Not solved: {e}", {"submission_error": str(e)}
+        patch, dropped = grading.filter_diff(patch)
+        note = (
+            f" Ignored changes to {len(dropped)} file(s) that load beside the test runner." if dropped else ""
+        )
+        f2p, p2p = task["FAIL_TO_PASS"], task["PASS_TO_PASS"]
+        structured = task["log_format"] == "pytest"
         box = self.new_box(task, self.eval_limits)
         try:
             if patch.strip():
@@ -344,21 +358,57 @@ class SWEBenchEnv(ToolEnv):
                 if not applied.ok:
                     applied = box.run("patch --batch --fuzz=5 -p1", PATCH_LIMITS, stdin=data)
                 if not applied.ok:
-                    return 0.0, "Not solved: the submitted diff does not apply to a fresh checkout."
-            run = box.run(eval_script(task), self.eval_limits)
+                    return (
+                        0.0,
+                        "Not solved: the submitted diff does not apply to a fresh checkout." + note,
+                        {},
+                    )
+            script = eval_script(task)
+            if structured:
+                sentinels = grading.make_sentinels(f2p)
+                put = box.run(
+                    f"mkdir -p -- {shlex.quote(os.path.dirname(sentinels.path))} && cat > {shlex.quote(sentinels.path)}",
+                    PATCH_LIMITS,
+                    stdin=sentinels.text.encode(),
+                )
+                if not put.ok:
+                    raise RuntimeError(
+                        f"could not write the grader's sentinel tests: {put.observation()[-300:]}"
+                    )
+                report_path = f"{self.repo_dir}/.report-{secrets.token_hex(6)}.xml"
+                opts = f"--junitxml={report_path} -o junit_family=xunit2 {self.repo_dir}/{sentinels.path}"
+                script = f"export PYTEST_ADDOPTS={shlex.quote(opts)}\n{script}"
+            run = box.run(script, self.eval_limits)
+            if structured:
+                got = box.run(framed(f"test ! -L {report_path} && cat -- {report_path}"), PATCH_LIMITS)
+                text = unframe(got)
         finally:
             box.close()
-        outcomes = parse_test_log(run.output, task["log_format"])
-        f2p, p2p = task["FAIL_TO_PASS"], task["PASS_TO_PASS"]
+        if structured:
+            try:
+                if text is None or not got.ok or got.truncated:
+                    raise grading.ReportError("the test run wrote no report")
+                verdict = grading.judge(grading.parse_junit(text), [*f2p, *p2p], sentinels)
+            except grading.ReportError as e:
+                return (
+                    0.0,
+                    f"Not solved: hidden tests gave no verdict ({e}).{note}",
+                    {"submission_error": str(e)},
+                )
+            if verdict.tampering:
+                return 0.0, "Not solved: the grader's checks failed." + note, {"tampering": verdict.tampering}
+            outcomes = {t: ("failed" if o == "missing" else o) for t, o in verdict.outcomes.items()}
+        else:
+            outcomes = parse_test_log(run.output, task["log_format"])
         # the harness's rule: a test fails when its log says so or does not name it; a skipped one counts neither way
         failing = lambda t: outcomes.get(t, "failed") == "failed"  # noqa: E731
         fixed = sum(outcomes.get(t) == "passed" for t in f2p)
         broken = sum(failing(t) for t in p2p)
         solved = not any(failing(t) for t in f2p) and broken == 0 and run.killed is None
         report = (
-            f"Submitted {len(patch_files(patch))} changed file(s). Hidden tests: {fixed}/{len(f2p)} failing tests "
-            f"fixed, {broken}/{len(p2p)} passing tests broken"
+            f"Submitted {len(patch_files(patch))} changed file(s).{note} Hidden tests: {fixed}/{len(f2p)} failing "
+            f"tests fixed, {broken}/{len(p2p)} passing tests broken"
             + (f" (the test run was killed: {run.killed} limit)" if run.killed else "")
             + (". Solved." if solved else ". Not solved.")
         )
-        return (1.0 if solved else 0.0), report
+        return (1.0 if solved else 0.0), report, {}

@@ -25,10 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from comprl_jax.envs.swe import bugs
+from comprl_jax.envs.swe import bugs, grading
 from comprl_jax.envs.swe import projects as projects_lib
 from comprl_jax.envs.swe import tasks as tasks_lib
-from comprl_jax.envs.swe.files import HostFiles, decode
+from comprl_jax.envs.swe.files import READ_BYTES, HostFiles, decode
 from comprl_jax.envs.swe.sandbox import MOUNT, Sandbox, SandboxLimits
 from comprl_jax.envs.swe.tools import OBS_CHARS, ToolEnv
 
@@ -108,8 +108,11 @@ class SWELiteEnv(ToolEnv):
                 (dest / rel).unlink(missing_ok=True)
 
     def _cleanup(self) -> None:
+        box, self.sandbox = getattr(self, "sandbox", None), None
+        if box is not None:
+            tasks_lib.close_box(box)  # its uid and any resources it holds go back before the copy is removed
         if self._episode is not None:
-            shutil.rmtree(self._episode, ignore_errors=True)
+            _remove_tree(self._episode)
             self._episode = None
 
     def close(self) -> None:
@@ -144,28 +147,41 @@ class SWELiteEnv(ToolEnv):
         return self.sandbox.run(command)
 
     # -- reward --------------------------------------------------------------------------------------
-    def changed_files(self) -> dict[str, str | None]:
-        """The agent's changes to library files: ``{relative path: new text, or None when deleted}``."""
+    def changed_files(self, admissible=None) -> dict[str, str | None]:
+        """The agent's changes to library files: ``{relative path: new text, or None when deleted}``; with
+        ``admissible`` (a predicate on the relative path), only the files it accepts."""
+        return self._compare(admissible)[0]
+
+    def _compare(self, admissible=None) -> tuple[dict[str, str | None], list[str]]:
+        """(the changes to non-test files ``admissible`` accepts, with their text; the paths of the other changed
+        non-test files, never read past their size). The walk of the working copy is bounded
+        (:func:`walk_files`): a copy past its bounds, or an accepted file over READ_BYTES, raises
+        :class:`WorkingCopyTooLarge`."""
         assert self.task is not None
         ref = self._episode / "ref"
         if not ref.exists():
             self._bugged_copy(self.task, ref, with_tests=False)
+        work_files = {rel: p for rel, p in walk_files(self.work) if not tasks_lib.is_test_path(rel)}
+        ref_files = {rel: p for rel, p in walk_files(ref) if not tasks_lib.is_test_path(rel)}
+        take = admissible or (lambda rel: True)
         out: dict[str, str | None] = {}
-        work = self.work
-        for base, other in ((work, ref), (ref, work)):
-            for p in sorted(base.rglob("*")):
-                if p.is_symlink() or not p.is_file() or "__pycache__" in p.parts:
-                    continue
-                rel = p.relative_to(base).as_posix()
-                if tasks_lib.is_test_path(rel) or rel in out:
-                    continue
-                q = other / rel
-                if base is work:
-                    if not q.is_file() or q.read_bytes() != p.read_bytes():
-                        out[rel] = _read(p)
-                elif not q.exists():
-                    out[rel] = None
-        return out
+        other: list[str] = []
+        for rel, p in sorted(work_files.items()):
+            q = ref_files.get(rel)
+            if q is not None and _same(p, q):
+                continue
+            if not take(rel):
+                other.append(rel)
+            elif _size(p) > READ_BYTES:
+                raise WorkingCopyTooLarge(f"{rel} is larger than {READ_BYTES >> 20} MiB")
+            else:
+                out[rel] = _read(p)
+        for rel in sorted(set(ref_files) - set(work_files)):
+            (out.__setitem__(rel, None) if take(rel) else other.append(rel))
+        return out, sorted(other)
+
+    def _admissible(self, rel: str) -> bool:
+        return grading.lite_admissible(rel, self._project(self.task).package, tasks_lib.is_test_path)
 
     def diff(self) -> str:
         """The agent's changes as a unified diff (what a submission is)."""
@@ -175,31 +191,134 @@ class SWELiteEnv(ToolEnv):
             for rel, new in sorted(self.changed_files().items())
         )
 
-    def evaluate(self) -> tuple[float, str]:
-        """Runs the task's tests on a fresh bugged copy with the agent's library changes: (reward, report)."""
+    def evaluate(self) -> tuple[float, str, dict[str, Any]]:
+        """Runs the task's tests on a fresh bugged copy with the agent's changes to the package's source files
+        (grading.py: nothing else travels), sentinels beside them: (reward, report, info). A forgery the sentinels
+        catch gives reward 0 and ``info["tampering"]``."""
         assert self.task is not None
-        changes = self.changed_files()
+        try:
+            changes, ignored = self._compare(self._admissible)
+        except WorkingCopyTooLarge as e:
+            return 0.0, f"Not solved: the submission was not graded: {e}.", {"submission_error": str(e)}
         fresh = self._episode / "eval"
-        shutil.rmtree(fresh, ignore_errors=True)
+        _remove_tree(fresh)
         self._bugged_copy(self.task, fresh, with_tests=True)
-        for rel, text in changes.items():
-            dest = fresh / rel
-            if text is None:
-                dest.unlink(missing_ok=True)
-            else:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text(text)
-        run = tasks_lib.run_tests(fresh, self._project(self.task), self._runner, self.task["pass_to_pass"])
-        shutil.rmtree(fresh, ignore_errors=True)
-        f2p_ok = all(run.outcomes.get(t) == "passed" for t in self.task["fail_to_pass"])
-        broken = sorted(t for t, o in run.outcomes.items() if o in ("failed", "error"))
-        solved = f2p_ok and not broken and bool(run.outcomes)
-        fixed = sum(run.outcomes.get(t) == "passed" for t in self.task["fail_to_pass"])
-        report = (
-            f"Submitted {len(changes)} changed file(s). Hidden tests: {fixed}/{len(self.task['fail_to_pass'])} "
-            f"failing tests fixed, {len(broken)} test(s) failing. " + ("Solved." if solved else "Not solved.")
+        note = ""
+        if ignored:
+            shown = ", ".join(ignored[:5]) + (f" and {len(ignored) - 5} more" if len(ignored) > 5 else "")
+            note = f" Ignored {len(ignored)} changed file(s) outside the package's source: {shown}."
+        try:
+            for rel, text in changes.items():
+                dest = fresh / rel
+                if text is None:
+                    dest.unlink(missing_ok=True)
+                else:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_text(text, errors="replace")
+        except OSError as e:  # a path the agent shaped so that it cannot land on a clean copy
+            _remove_tree(fresh)
+            msg = f"the changes cannot be applied to a clean copy ({e.strerror}: {_rel_name(e, fresh)})"
+            return 0.0, f"Not solved: {msg}.{note}", {"submission_error": msg}
+        project = self._project(self.task)
+        try:
+            g = tasks_lib.grade(
+                fresh, project, self._runner, self.task["pass_to_pass"], self.task["fail_to_pass"],
+                decoys=self.task["fail_to_pass"],
+            )  # fmt: skip
+        finally:
+            _remove_tree(fresh)
+        head = f"Submitted {len(changes)} changed file(s).{note} "
+        if g.verdict is None:
+            why = "the test run was killed at the time limit" if g.killed == "wall" else g.error
+            return 0.0, head + f"Hidden tests: no verdict ({why}). Not solved.", {"submission_error": why}
+        v = g.verdict
+        loaders = grading.loader_files(ignored)
+        info: dict[str, Any] = {"ignored_files": ignored} if ignored else {}
+        if (
+            loaders
+        ):  # neutralised (never graded), but named: a policy that writes them is hunting for the reward
+            info["tampering"] = "files that load beside the test runner were not graded: " + ", ".join(
+                loaders[:10]
+            )
+        if v.tampering:
+            info["tampering"] = "; ".join(filter(None, (v.tampering, info.get("tampering"))))
+            return 0.0, head + "Hidden tests: the grader's checks failed. Not solved.", info
+        f2p = self.task["fail_to_pass"]
+        fixed = sum(v.outcomes[t] == "passed" for t in f2p)
+        solved = fixed == len(f2p) and not v.failing and g.killed is None
+        report = head + (
+            f"Hidden tests: {fixed}/{len(f2p)} failing tests fixed, {len(v.failing)} test(s) failing. "
+            + ("Solved." if solved else "Not solved.")
         )
-        return (1.0 if solved else 0.0), report
+        return (1.0 if solved else 0.0), report, info
+
+
+class WorkingCopyTooLarge(Exception):
+    """The working copy is past the bounds a submission is read within (files, depth): the agent's doing."""
+
+
+MAX_FILES = 20_000  # entries a submission's walk visits at most (the largest pristine project holds ~200)
+MAX_DEPTH = 32  # directory levels below the root
+
+
+def walk_files(root: Path):
+    """``(relative path, path)`` of every regular file under ``root`` (links not followed, ``__pycache__`` left out),
+    iteratively and within MAX_FILES entries and MAX_DEPTH levels (else :class:`WorkingCopyTooLarge`)."""
+    seen = 0
+    stack = [(root, "", 0)]
+    while stack:
+        d, prefix, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue  # unreadable or vanished: nothing of it is graded
+        for e in entries:
+            seen += 1
+            if seen > MAX_FILES:
+                raise WorkingCopyTooLarge(f"it holds more than {MAX_FILES} files and directories")
+            name = e.name
+            rel = prefix + name
+            try:
+                if e.is_symlink():
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    if name == "__pycache__":
+                        continue
+                    if depth + 1 > MAX_DEPTH:
+                        raise WorkingCopyTooLarge(f"its directories nest deeper than {MAX_DEPTH} levels")
+                    stack.append((Path(e.path), rel + "/", depth + 1))
+                elif e.is_file(follow_symlinks=False):
+                    yield rel, Path(e.path)
+            except OSError:
+                continue
+
+
+def _same(p: Path, q: Path) -> bool:
+    """Same bytes; a file over READ_BYTES is never read (a sparse file of gigabytes would be read whole)."""
+    try:
+        n = p.stat().st_size
+        return n == q.stat().st_size and n <= READ_BYTES and p.read_bytes() == q.read_bytes()
+    except OSError:
+        return False
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _rel_name(e: OSError, base: Path) -> str:
+    name = str(e.filename or "")
+    return name[len(str(base)) + 1 :] if name.startswith(str(base) + "/") else name
+
+
+def _remove_tree(path: Path) -> None:
+    """Removes ``path`` however the agent shaped it: ``rm -rf`` walks any depth (shutil.rmtree recurses, and a
+    1,000-level tree raised RecursionError through ``ignore_errors``)."""
+    if os.path.lexists(path):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, timeout=600)
 
 
 def _read(path: Path) -> str:

@@ -38,50 +38,79 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", errors="replace")
 
 
+TREE_ENTRIES = 1000  # a directory view lists at most this many entries (then says how many more)
+
+
 class HostFiles:
-    """A working copy on this host at ``root``; files written are chowned to ``uid`` (the sandbox's) where given."""
+    """A working copy on this host at ``root``; files written are chowned to ``uid`` (the sandbox's) where given.
+    Every operation's OSError (a name too long, a path through a file, a vanished entry) is the agent's
+    :class:`ToolError`, never a raise out of the env."""
 
     def __init__(self, root: Path, uid: int | None = None):
         self.root = Path(os.path.realpath(root))
         self.uid = uid
 
     def stat(self, rel: str) -> tuple[str | None, Path]:
-        real = Path(os.path.realpath(self.root / rel if rel else self.root))
-        if real != self.root and self.root not in real.parents:
-            raise ToolError("resolves outside the repository (a link?)")
-        if real.is_dir():
-            return "dir", real
-        if real.is_file():
-            return "file", real
-        return ("other" if real.exists() or real.is_symlink() else None), real
+        try:
+            real = Path(os.path.realpath(self.root / rel if rel else self.root))
+            if real != self.root and self.root not in real.parents:
+                raise ToolError("resolves outside the repository (a link?)")
+            if real.is_dir():
+                return "dir", real
+            if real.is_file():
+                return "file", real
+            return ("other" if real.exists() or real.is_symlink() else None), real
+        except (OSError, ValueError) as e:
+            raise ToolError(f"cannot be looked up: {_why(e)}") from None
 
     def read(self, key: Path) -> str:
-        if key.stat().st_size > READ_BYTES:
-            raise ToolError(f"is larger than {READ_BYTES >> 20} MiB; look at it with execute_bash")
-        return decode(key.read_bytes())
+        try:
+            if key.stat().st_size > READ_BYTES:
+                raise ToolError(f"is larger than {READ_BYTES >> 20} MiB; look at it with execute_bash")
+            return decode(key.read_bytes())
+        except OSError as e:
+            raise ToolError(f"cannot be read: {_why(e)}") from None
 
     def write(self, key: Path, text: str) -> None:
-        made = [p for p in reversed(key.parents) if self.root in p.parents and not p.exists()]
         try:
+            made = [p for p in reversed(key.parents) if self.root in p.parents and not p.exists()]
             key.parent.mkdir(parents=True, exist_ok=True)
             key.write_bytes(encode(text))
+            if self.uid is not None:  # the sandbox's uid owns the copy: keep it so (new directories too)
+                for p in (*made, key):
+                    os.chown(p, self.uid, self.uid)
         except OSError as e:  # a parent that is a file, a read-only path: the agent's mistake, not a crash
-            raise ToolError(f"cannot be written: {e.strerror}") from None
-        if self.uid is not None:  # the sandbox's uid owns the copy: keep it so (new directories too)
-            for p in (*made, key):
-                os.chown(p, self.uid, self.uid)
+            raise ToolError(f"cannot be written: {_why(e)}") from None
 
     def tree(self, key: Path, depth: int = 2) -> list[tuple[str, bool]]:
         """``[(path relative to key, is a directory)]``, ``depth`` levels, hidden entries and caches left out; a link
-        is an entry, not a directory (the shell's ``find`` says the same)."""
-        out = []
-        base = len(key.parts)
-        for p in key.rglob("*"):
-            rel = p.relative_to(key)
-            if len(p.parts) - base > depth or any(x.startswith(".") or x == "__pycache__" for x in rel.parts):
+        is an entry, not a directory (the shell's ``find`` says the same). At most TREE_ENTRIES entries are
+        visited (a last row ``("[... more entries not listed ...]", False)`` says so)."""
+        out: list[tuple[str, bool]] = []
+        stack = [(key, "", 1)]
+        while stack:
+            d, prefix, level = stack.pop()
+            try:
+                entries = sorted(os.scandir(d), key=lambda e: e.name)
+            except OSError:
                 continue
-            out.append((rel.as_posix(), p.is_dir() and not p.is_symlink()))  # a link is listed, not followed
+            for e in entries:
+                if e.name.startswith(".") or e.name == "__pycache__":
+                    continue
+                if len(out) >= TREE_ENTRIES:
+                    return sorted(out) + [("[... more entries not listed ...]", False)]
+                try:
+                    is_dir = e.is_dir(follow_symlinks=False)  # a link is listed, not followed
+                except OSError:
+                    is_dir = False
+                out.append((prefix + e.name, is_dir))
+                if is_dir and level < depth:
+                    stack.append((Path(e.path), prefix + e.name + "/", level + 1))
         return sorted(out)
+
+
+def _why(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)[:200]
 
 
 # One command per operation; the path travels as a shell-quoted word, never inside the script's text.

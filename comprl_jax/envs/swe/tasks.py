@@ -28,6 +28,7 @@ import hashlib
 import os
 import random
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from comprl_jax.envs import data_paths
-from comprl_jax.envs.swe import bugs
+from comprl_jax.envs.swe import bugs, grading
 from comprl_jax.envs.swe.sandbox import Sandbox, SandboxLimits
 
 RUNNER_REQUIREMENTS = ("pytest==8.3.4",)  # the runner venv: what every project's tests run under
@@ -209,8 +210,78 @@ def run_tests(
 ) -> TestRun:
     lim = limits or SandboxLimits(wall_s=60, cpu_s=60, memory_mb=2048, processes=64, output_bytes=4 << 20)
     box = Sandbox(str(workdir), limits=lim, ro_paths=(str(runner),))
-    r = box.run(pytest_command(project, runner, targets, tb=tb))
+    try:
+        r = box.run(pytest_command(project, runner, targets, tb=tb))
+    finally:
+        close_box(box)
     return TestRun(parse_results(r.output), r.output, r.exit_code, r.wall_s)
+
+
+GRADE_LIMITS = SandboxLimits(wall_s=40, cpu_s=40, memory_mb=2048, processes=64, output_bytes=64 << 10)
+_BOOT = "import sys; sys.path.append({root!r}); import pytest; sys.exit(pytest.main(sys.argv[1:]))"
+
+
+def grading_command(
+    project: Project, runner: Path, targets: Sequence[str], report: str, mount: str = "/repo"
+) -> str:
+    """The command that grades a submission (grading.py's isolated runner): the interpreter with ``-P -s`` (neither
+    the working directory nor a user site on ``sys.path``), pytest imported from the runner before the project's
+    import root is *appended* to the path, plugin autoload off, the project's own ``addopts`` dropped, the JUnit
+    report written to ``report`` (a path inside the box)."""
+    root = os.path.normpath(f"{mount}/{project.pythonpath}")
+    args = [f"{runner}/bin/python", "-P", "-s", "-c", _BOOT.format(root=root)]
+    args += ["-q", "--tb=no", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "junit_family=xunit2"]
+    args += ["-o", "junit_logging=no", "--color=no", "--no-header", f"--junitxml={report}"]
+    for d in project.deselect:
+        args += ["--deselect", d]
+    args += ["--", *targets]
+    env = "PYTHONHASHSEED=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"
+    return env + " " + " ".join(_q(a) for a in args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Graded:
+    verdict: grading.Verdict | None  # None when no report could be read
+    error: str | None  # why there is no verdict (no report, a malformed one)
+    output: str
+    wall_s: float
+    killed: str | None
+
+
+def grade(
+    workdir: Path, project: Project, runner: Path, targets: Sequence[str], tests: Sequence[str],
+    *, decoys: Sequence[str] = (), limits: SandboxLimits = GRADE_LIMITS,
+) -> Graded:  # fmt: skip
+    """Runs ``targets`` of the grading copy ``workdir`` with sentinels beside them (grading.py) and reads the
+    verdicts of ``tests`` (node ids) from the JUnit report; the copy gains the sentinel file and the report."""
+    sentinels = grading.make_sentinels(list(decoys))
+    dest = workdir / sentinels.path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(sentinels.text)
+    report_rel = f".report-{secrets.token_hex(6)}.xml"
+    box = Sandbox(str(workdir), limits=limits, ro_paths=(str(runner),))
+    try:
+        cmd = grading_command(project, runner, [*targets, sentinels.path], f"{box.repo_dir}/{report_rel}")
+        r = box.run(cmd)
+    finally:
+        close_box(box)
+    path = workdir / report_rel
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise grading.ReportError("the test run wrote no report")
+        if path.stat().st_size > grading.REPORT_BYTES:
+            raise grading.ReportError(f"the test report is larger than {grading.REPORT_BYTES >> 20} MiB")
+        report = grading.parse_junit(path.read_bytes())
+    except (grading.ReportError, OSError) as e:
+        return Graded(None, str(e), r.output, r.wall_s, r.killed)
+    return Graded(grading.judge(report, list(tests), sentinels), None, r.output, r.wall_s, r.killed)
+
+
+def close_box(box) -> None:
+    """``box.close()`` where the box has one (the sandbox's uid and resources go back)."""
+    close = getattr(box, "close", None)
+    if close is not None:
+        close()
 
 
 # -- building tasks ------------------------------------------------------------------------------------

@@ -31,6 +31,12 @@ from comprl_jax.envs.base import TextEnv, echo
 from comprl_jax.envs.swe.files import ToolError
 
 OBS_CHARS = 6000  # what one tool result shows at most
+# caps on what a model writes (issue 50 point 3): past them the call is an invalid action with this message, never
+# a raise (a command's text is one argv string, which Linux caps at 128 KiB; a name at 255 bytes)
+COMMAND_CHARS = 16_384
+PATH_CHARS = 1024
+NAME_BYTES = 255
+ARGUMENT_CHARS = 1 << 20
 VIEW_LINES = 200  # a file view without view_range shows this many lines, then says how to see more
 TOOLS = ("execute_bash", "str_replace_editor", "submit")
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
@@ -72,8 +78,9 @@ class ToolEnv(TextEnv):
             return f"Invalid action{echo(action)}: {error}", 0.0, False, {"invalid_action": True}
         name, args = call
         if name == "submit":
-            reward, report = self.evaluate()
-            return report, reward, True, {"invalid_action": False, "success": reward == 1.0}
+            reward, report, *extra = self.evaluate()
+            info = {**(extra[0] if extra else {}), "invalid_action": False, "success": reward == 1.0}
+            return report, reward, True, info
         if name == "execute_bash":
             cmd = args.get("command")
             if not isinstance(cmd, str) or not cmd.strip():
@@ -83,6 +90,9 @@ class ToolEnv(TextEnv):
                     False,
                     {"invalid_action": True},
                 )
+            bad = _bad_text(cmd, "command", COMMAND_CHARS)
+            if bad:
+                return f"execute_bash: {bad}", 0.0, False, {"invalid_action": True}
             r = self._bash(cmd)
             return cap(r.observation()) or "(no output)", 0.0, False, {"invalid_action": False}
         try:
@@ -96,6 +106,9 @@ class ToolEnv(TextEnv):
         repo = self.repo_dir
         if not isinstance(path, str) or not path.startswith("/"):
             raise ToolError(f"'path' must be an absolute path under {repo}, got {echo(str(path)).strip()}")
+        bad = _bad_text(path, "path", PATH_CHARS)
+        if bad or any(len(part.encode()) > NAME_BYTES for part in path.split("/")):
+            raise ToolError(bad or f"a name in 'path' is longer than {NAME_BYTES} bytes")
         norm = os.path.normpath(path)
         if norm != repo and not norm.startswith(repo + "/"):
             raise ToolError(f"{norm} is outside the repository {repo}")
@@ -109,6 +122,10 @@ class ToolEnv(TextEnv):
         cmd = args.get("command")
         if cmd not in EDITOR_COMMANDS:
             raise ToolError(f"'command' must be one of {', '.join(EDITOR_COMMANDS)}")
+        for k in ("file_text", "old_str", "new_str"):
+            v = args.get(k)
+            if isinstance(v, str) and len(v) > ARGUMENT_CHARS:
+                raise ToolError(f"'{k}' is longer than {ARGUMENT_CHARS} characters")
         kind, key, shown = self._resolve(args.get("path"))
         if kind is None and cmd != "create":
             raise ToolError(f"{shown} does not exist")
@@ -211,6 +228,17 @@ def _naming(shown: str):
         raise ToolError(f"{shown} {e}") from None
 
 
+def _bad_text(text: str, what: str, limit: int) -> str | None:
+    """Why ``text`` cannot be used as a command or path (too long, a NUL, a lone surrogate), or None."""
+    if len(text) > limit:
+        return f"'{what}' is longer than {limit} characters"
+    if "\x00" in text:
+        return f"'{what}' holds a NUL character"
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        return f"'{what}' holds a lone surrogate (not valid UTF-8)"
+    return None
+
+
 def parse_call(action: str | None) -> tuple[tuple[str, dict] | None, str | None]:
     if action is None:
         return None, 'no <answer>...</answer> holding a tool call such as {"name": "submit", "arguments": {}}'
@@ -218,6 +246,10 @@ def parse_call(action: str | None) -> tuple[tuple[str, dict] | None, str | None]
         call = json.loads(action)
     except json.JSONDecodeError as e:
         return None, f"the answer is not JSON ({e.msg} at character {e.pos})"
+    except RecursionError:
+        return None, "the answer's JSON nests too deeply"
+    except ValueError as e:  # a number past Python's int-string digit limit, say
+        return None, f"the answer's JSON cannot be read ({str(e)[:120]})"
     if not isinstance(call, dict) or call.get("name") not in TOOLS:
         return None, f"the JSON must be an object whose 'name' is one of {', '.join(TOOLS)}"
     args = call.get("arguments", {})
