@@ -343,3 +343,42 @@ def test_untouched_or_wrong_fixes_are_not_solved_and_links_cannot_leave_the_repo
         call("str_replace_editor", command="create", path="/repo/calc/__init__.py/x", file_text="1")
     )
     assert info["invalid_action"] and obs.startswith("str_replace_editor: /repo/calc/__init__.py/x")
+
+
+PATCH_REPORTS = (
+    "\ndef _forge():\n"
+    "    from _pytest import reports\n"
+    "    orig = reports.TestReport.from_item_and_call.__func__\n"
+    "    def fake(cls, item, call):\n"
+    "        rep = orig(cls, item, call)\n"
+    "        rep.outcome, rep.longrepr = 'passed', None\n"
+    "        return rep\n"
+    "    reports.TestReport.from_item_and_call = classmethod(fake)\n"
+    "_forge()\n"
+)
+
+
+@needs_bwrap
+def test_the_harness_path_reads_a_junit_report_and_catches_forged_verdicts(env):
+    """Issue 50 point 5: the SWE-bench grading path (container or bubblewrap) drops loader files from the diff,
+    ignores PASSED lines printed by the code under test, and its sentinels catch verdicts rewritten in the runner."""
+    env.reset(seed=0)
+    env.step(
+        call(
+            "execute_bash",
+            command="printf 'import atexit\\natexit.register(print, \"PASSED tests/test_calc.py::test_add\")\\n' >> calc/__init__.py",
+        )
+    )
+    obs, reward, _, _, info = env.step(call("submit"))
+    assert reward == 0.0 and "0/1 failing tests fixed" in obs and "tampering" not in info, obs
+    env.reset(seed=0)
+    env.step(
+        call("str_replace_editor", command="create", path="/repo/sitecustomize.py", file_text=PATCH_REPORTS)
+    )
+    env.step(call("str_replace_editor", command="create", path="/repo/conftest.py", file_text=PATCH_REPORTS))
+    obs, reward, _, _, info = env.step(call("submit"))
+    assert reward == 0.0 and "Ignored changes to 2 file(s)" in obs, obs
+    env.reset(seed=0)
+    env.step(call("execute_bash", command=f"cat >> calc/__init__.py <<'EOF'\n{PATCH_REPORTS}\nEOF"))
+    obs, reward, _, _, info = env.step(call("submit"))
+    assert reward == 0.0 and "must-fail sentinel reported passed" in info["tampering"], (obs, info)

@@ -169,3 +169,12 @@ def test_evaluation_counts_an_infra_failure_as_a_failure_where_the_env_says_so()
     hidden = rows["comprl/HiddenRule-v0"]["comprl/HiddenRule-v0"]
     assert swe["infra_failed"] == 2 and swe["success"] == pytest.approx(1 / 4)  # over every episode played
     assert hidden["infra_failed"] == 2 and hidden["success"] == pytest.approx(1 / 2)  # over the ones that ran
+
+
+def test_a_submission_past_its_byte_cap_is_refused_with_a_message(env):  # noqa: F811
+    env.reset(seed=0)
+    make = "for i in 1 2 3 4 5 6; do head -c 3500000 /dev/zero | tr '\\0' a > inflection/big$i.py; done; ls inflection"
+    obs, *_ = step(env, call("execute_bash", command=make))
+    assert "big6.py" in obs
+    obs, reward, done, info = step(env, call("submit"))
+    assert done and reward == 0.0 and "more than 16 MiB" in obs and "submission_error" in info, obs

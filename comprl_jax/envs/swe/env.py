@@ -166,6 +166,7 @@ class SWELiteEnv(ToolEnv):
         take = admissible or (lambda rel: True)
         out: dict[str, str | None] = {}
         other: list[str] = []
+        total = 0
         for rel, p in sorted(work_files.items()):
             q = ref_files.get(rel)
             if q is not None and _same(p, q):
@@ -175,6 +176,11 @@ class SWELiteEnv(ToolEnv):
             elif _size(p) > READ_BYTES:
                 raise WorkingCopyTooLarge(f"{rel} is larger than {READ_BYTES >> 20} MiB")
             else:
+                total += _size(p)
+                if total > SUBMIT_BYTES:
+                    raise WorkingCopyTooLarge(
+                        f"its changed source files hold more than {SUBMIT_BYTES >> 20} MiB"
+                    )
                 out[rel] = _read(p)
         for rel in sorted(set(ref_files) - set(work_files)):
             (out.__setitem__(rel, None) if take(rel) else other.append(rel))
@@ -259,6 +265,7 @@ class WorkingCopyTooLarge(Exception):
 
 MAX_FILES = 20_000  # entries a submission's walk visits at most (the largest pristine project holds ~200)
 MAX_DEPTH = 32  # directory levels below the root
+SUBMIT_BYTES = 16 << 20  # the changed source files a submission carries, all together
 
 
 def walk_files(root: Path):
