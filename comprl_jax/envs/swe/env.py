@@ -5,10 +5,15 @@ pristine sdist with the task's bug applied and the task's test files removed (th
 problem statement shows their failing output). The tools and the action format are tools.py's (``ToolEnv``):
 ``execute_bash`` runs in the sandbox (``sandbox.py``: the working copy at ``/repo`` is the only writable path, no
 network, capped CPU, memory, processes, output and wall time); ``str_replace_editor`` edits the host's copy
-(``files.HostFiles``, chowned to the sandbox's uid). ``submit`` ends the episode: the library files the agent
-changed (test files and ``conftest.py`` are ignored) are copied onto a fresh bugged copy, the task's test files are
-restored, and the tests run in a fresh sandbox. Reward 1 iff every fail-to-pass test passes and no test of the
-task's files fails; else 0.
+(``files.HostFiles``, chowned to the sandbox's uid). ``submit`` ends the episode: the ``.py`` files the agent
+changed inside the project's package (grading.py: nothing else travels; loader files such as ``sitecustomize.py`` or
+a ``*.dist-info`` are named in ``info["tampering"]``) are copied onto a fresh bugged copy with the task's test files,
+and the tests run in a fresh sandbox under an isolated runner, sentinel tests beside them, the verdicts read from
+pytest's JUnit report. Reward 1 iff every fail-to-pass test passes, no test of the task's files fails and every
+sentinel came back as expected; else 0 (a wrong sentinel: ``info["tampering"]``). Whatever the agent leaves in its
+working copy, ``submit`` answers (bounded walks: MAX_FILES, MAX_DEPTH, SUBMIT_BYTES; past them the submission is
+not graded and says why), within the step timeout: a failure the agent caused is a failed episode, never an env
+error (issue 50).
 
 Splits (``split=``): ``train`` (training projects, the tasks of their within-project train split), ``eval`` (every
 task of the held-out projects: the primary figure), ``same_project_eval`` (training projects, their held-out tasks:

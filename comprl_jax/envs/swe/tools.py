@@ -17,7 +17,10 @@ An action is one tool call as JSON inside ``<answer>...</answer>``::
 ``str_replace_editor`` follows SWE-agent's tool: ``view`` (a file with line numbers, or a directory two levels
 deep), ``create``, ``str_replace`` (``old_str`` must occur exactly once), ``insert`` (after ``insert_line``; 0 = at
 the top), ``undo_edit``; paths are absolute under the repository and may not leave it (links are resolved first).
-A turn that is not a valid tool call is an invalid action (the observation says why).
+A turn that is not a valid tool call is an invalid action (the observation says why), and so is one past the caps
+on what a model writes (COMMAND_CHARS, PATH_CHARS, NAME_BYTES, ARGUMENT_CHARS; a NUL or a lone surrogate in a
+command or a path; JSON nested past Python's recursion limit or a number past its digit limit): ``step`` answers
+every call with an observation (tests/test_swe_robust.py drives it with arbitrary calls).
 """
 
 from __future__ import annotations
