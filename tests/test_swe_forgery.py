@@ -200,7 +200,7 @@ def test_sentinels_are_random_and_decoys_take_the_tasks_names():
         and list(a.expected.values()).count("passed") == 2
     )
     assert (
-        "def test_take():" in a.text and a.text.count("class TestK:") == 1 and "def test_b(self):" in a.text
+        "def test_take():" in a.text and a.text.count("class TestK(unittest.TestCase):") == 1 and "def test_b(self):" in a.text
     )
     compile(a.text, a.path, "exec")  # valid Python
 

@@ -146,7 +146,7 @@ def make_sentinels(decoys: list[str] = (), n_pass: int = 2, n_fail: int = 2) -> 
     copied, the parameters dropped) that must fail."""
     folder, module = _name("sentinel_"), _name()
     path = f"{folder}/{module}.py"
-    lines = ["# written by the grader: tests whose verdicts are known before the run", ""]
+    lines = ["# written by the grader: tests whose verdicts are known before the run", "import unittest", ""]
     expected: dict[tuple[str, str], str] = {}
     base = f"{folder}.{module}"
     for _ in range(n_pass):
@@ -171,7 +171,8 @@ def make_sentinels(decoys: list[str] = (), n_pass: int = 2, n_fail: int = 2) -> 
         lines += [f"def {fn}():", "    assert False, 'decoy'", ""]
         expected[(base, fn)] = "failed"
     for cls, methods in classes.items():
-        lines.append(f"class {cls}:")
+        # a TestCase whatever its name: the task's class may be a unittest one that pytest's "Test*" rule would skip
+        lines.append(f"class {cls}(unittest.TestCase):")
         for fn in methods:
             lines += [f"    def {fn}(self):", "        assert False, 'decoy'", ""]
             expected[(f"{base}.{cls}", fn)] = "failed"
