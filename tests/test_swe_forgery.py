@@ -200,7 +200,9 @@ def test_sentinels_are_random_and_decoys_take_the_tasks_names():
         and list(a.expected.values()).count("passed") == 2
     )
     assert (
-        "def test_take():" in a.text and a.text.count("class TestK(unittest.TestCase):") == 1 and "def test_b(self):" in a.text
+        "def test_take():" in a.text
+        and a.text.count("class TestK(unittest.TestCase):") == 1
+        and "def test_b(self):" in a.text
     )
     compile(a.text, a.path, "exec")  # valid Python
 
@@ -217,3 +219,23 @@ def test_filter_diff_drops_loader_files_whole():
     assert kept.count("diff --git") == 1 and "pkg/m.py" in kept
     assert dropped == ["pytest.py", "sitecustomize.py", "x.dist-info/entry_points.txt"]
     assert json.dumps(kept)  # plain text
+
+
+def test_every_sentinel_and_decoy_is_collected_and_comes_back_as_expected(tmp_path):
+    """Run by pytest itself (no forgery): the report holds every sentinel with its expected verdict, decoys of
+    function, pytest-class and unittest-class tests included (a decoy pytest skips would read as tampering)."""
+    import subprocess
+    import sys
+
+    s = grading.make_sentinels(
+        ["t.py::test_take", "t.py::TestK::test_a[1]", "t.py::UnboundMethodTest::test_b"]
+    )
+    (tmp_path / s.path).parent.mkdir()
+    (tmp_path / s.path).write_text(s.text)
+    report = tmp_path / "r.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", s.path],
+        cwd=tmp_path, capture_output=True, check=False,
+    )  # fmt: skip
+    v = grading.judge(grading.parse_junit(report.read_bytes()), [], s)
+    assert v.tampering is None and v.failing == [] and len(s.expected) == 2 + 2 + 3
