@@ -90,16 +90,32 @@ def test_an_undecodable_file_name_reaches_the_observation_as_valid_text(env):  #
     assert "bad" in obs and "name.py" in obs  # the bytes shown as replacement characters
 
 
-def test_a_flood_of_files_is_listed_and_submitted_within_bounds(env):  # noqa: F811
+def test_many_files_are_listed_and_submitted_within_bounds(env):  # noqa: F811
     env.reset(seed=0)
     obs, *_ = step(
-        env, call("execute_bash", command="mkdir f && cd f && seq 25000 | xargs touch && ls | wc -l")
+        env, call("execute_bash", command="mkdir f && cd f && seq 15000 | xargs touch && ls | wc -l")
     )
-    assert "25000" in obs
+    assert "15000" in obs
     obs, *_ = step(env, call("str_replace_editor", command="view", path="/repo"))
     assert len(obs) < tools.OBS_CHARS + 100 and "more characters not shown" in obs  # bounded, and says so
     obs, reward, done, info = step(env, call("submit"))
-    assert done and reward == 0.0 and "more than" in obs, obs
+    assert done and reward == 0.0 and "failing tests fixed" in obs, obs  # graded as usual
+
+
+@pytest.mark.parametrize(
+    "command, says",
+    [
+        ("mkdir f && cd f && seq 25000 | xargs touch", "more than 20000 files"),
+        ("for i in 1 2 3 4 5; do head -c 60000000 /dev/zero > f$i; done", "more than 256 MiB"),
+    ],
+)
+def test_a_file_flood_or_a_disk_fill_ends_the_episode_with_a_message(env, command, says):  # noqa: F811
+    env.reset(seed=0)
+    obs, reward, done, info = step(env, call("execute_bash", command=command))
+    assert done and reward == 0.0 and says in obs and says in info["limit"] and not info["success"], obs
+    episode = env._episode
+    env.reset(seed=0)
+    assert not episode.exists()
 
 
 # a tool call as a policy might write it: known and unknown tools, known and unknown keys, values of any JSON shape

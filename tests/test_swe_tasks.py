@@ -150,3 +150,20 @@ def test_the_shipped_task_file_rebuilds_the_same_lines(name, version, n, runner)
         tasks.build_project(projects.get(name, version), seed=0, quota=n, runner=runner), projects.PROJECTS
     )
     assert [json.dumps(t, sort_keys=True) for t in got] == [json.dumps(t, sort_keys=True) for t in shipped]
+
+
+def test_a_bug_in_code_copied_from_the_stdlib_is_not_a_task(runner):
+    """Its pristine code is visible in the sandbox (the interpreter needs its stdlib): the builder drops it. The one
+    shipped task of that kind (tabulate's copy of textwrap's _wrap_chunks) was dropped by this rule."""
+    import sysconfig
+    from pathlib import Path
+
+    from comprl_jax.envs.swe import bugs
+
+    src = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
+    at = src.index("        if self.width <= 0:")
+    vendored = "# vendored\n" + src[at - 400 : at + 400]
+    patch = bugs.unified_diff("pkg/wrap.py", vendored, vendored.replace("self.width <= 0", "self.width <= 1", 1))
+    assert tasks.in_stdlib(patch, runner)
+    own = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    return min(x, hi)\n"
+    assert not tasks.in_stdlib(bugs.unified_diff("pkg/c.py", own, own.replace("x < lo", "x <= lo")), runner)

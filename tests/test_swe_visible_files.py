@@ -29,29 +29,12 @@ SCAN_LIMITS = sb.SandboxLimits(
 )
 
 
-def hunk_needles(patch: str) -> list[list[str]]:
-    """Each hunk's old side (context and '-' lines, in order), one list of lines per hunk."""
-    out: list[list[str]] = []
-    cur: list[str] | None = None
-    for line in patch.splitlines():
-        if line.startswith("@@"):
-            cur = []
-            out.append(cur)
-        elif cur is None or line.startswith(("--- ", "+++ ", "\\")):
-            continue
-        elif line.startswith((" ", "-")):
-            cur.append(line[1:])
-        elif line == "":  # a blank context line some tools write without its space
-            cur.append("")
-    return [n for n in out if n]
-
-
 def all_needles() -> list[dict]:
     needles = []
     with open(TASK_FILE) as f:
         for line in f:
             task = json.loads(line)
-            for i, lines in enumerate(hunk_needles(task["patch"])):
+            for i, lines in enumerate(tasks_lib.old_sides(task["patch"])):
                 needles.append(
                     {"task": task["instance_id"], "project": task["project"], "hunk": i, "lines": lines}
                 )
@@ -110,16 +93,6 @@ print("scanned", files, "files")
 """
 
 
-# Tasks whose pristine code IS the standard library's (which the interpreter needs, so it stays visible): tabulate
-# carries a copy of textwrap.TextWrapper._wrap_chunks. Not an answer this sandbox can hide; the task builder should
-# drop bugs in code the stdlib holds verbatim (then remove the entry). {task: the stdlib module that holds it}
-STDLIB_COPIES = {"tabulate-0.10.0-0009": "textwrap.py"}
-
-
-def _stdlib_copy(task: str, path: str) -> bool:
-    return path.startswith("/usr/lib/python3") and path.endswith("/" + STDLIB_COPIES.get(task, "\0"))
-
-
 def scan(tmp_path: Path, ro_paths: tuple[str, ...], needles: list[dict]) -> dict:
     work = tmp_path / "work"
     work.mkdir()
@@ -135,7 +108,7 @@ def scan(tmp_path: Path, ro_paths: tuple[str, ...], needles: list[dict]) -> dict
 
 def test_hunks_are_read_as_their_old_side():
     patch = "--- a/x.py\n+++ b/x.py\n@@ -1,4 +1,3 @@\n a = 1\n-b = 2\n+b = 3\n \n c = 4\n"
-    assert hunk_needles(patch) == [["a = 1", "b = 2", "", "c = 4"]]
+    assert tasks_lib.old_sides(patch) == [["a = 1", "b = 2", "", "c = 4"]]
 
 
 def test_no_task_answer_is_visible_in_the_sandbox(tmp_path):
@@ -153,7 +126,7 @@ def test_no_task_answer_is_visible_in_the_sandbox(tmp_path):
     # the scan saw the standard library, the runner's pytest and the plant
     assert out["files"] > 1000 and out["bytes"] > 20 << 20, out
     elsewhere = [(n["task"], p) for p, n in out["hits"] if not p.startswith(str(vendored) + "/")]
-    unexpected = sorted(h for h in elsewhere if not _stdlib_copy(*h))
+    unexpected = sorted(elsewhere)
     assert unexpected == [], f"{len(unexpected)} task hunks visible in the sandbox, e.g. {unexpected[:10]}"
     assert (str(vendored / "copy.py"), planted["task"]) in [(p, n["task"]) for p, n in out["hits"]]
     assert out["seconds"] < 60, out["seconds"]

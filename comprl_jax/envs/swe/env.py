@@ -151,6 +151,14 @@ class SWELiteEnv(ToolEnv):
     def _bash(self, command: str):
         return self.sandbox.run(command)
 
+    def _over_limits(self) -> str | None:
+        used, entries = disk_usage(self.work, COPY_BYTES, COPY_ENTRIES)
+        if used > COPY_BYTES:
+            return f"the working copy holds more than {COPY_BYTES >> 20} MiB"
+        if entries > COPY_ENTRIES:
+            return f"the working copy holds more than {COPY_ENTRIES} files and directories"
+        return None
+
     # -- reward --------------------------------------------------------------------------------------
     def changed_files(self, admissible=None) -> dict[str, str | None]:
         """The agent's changes to library files: ``{relative path: new text, or None when deleted}``; with
@@ -271,6 +279,34 @@ class WorkingCopyTooLarge(Exception):
 MAX_FILES = 20_000  # entries a submission's walk visits at most (the largest pristine project holds ~200)
 MAX_DEPTH = 32  # directory levels below the root
 SUBMIT_BYTES = 16 << 20  # the changed source files a submission carries, all together
+
+
+COPY_BYTES = 256 << 20  # disk the working copy may use (blocks allocated: a sparse file counts what it holds)
+COPY_ENTRIES = 20_000  # files and directories it may hold (the largest pristine project holds ~200)
+
+
+def disk_usage(root: Path, max_bytes: int, max_entries: int) -> tuple[int, int]:
+    """(bytes allocated, entries) under ``root``, links not followed, iteratively; stops counting once past either
+    bound (the answer is then just above it)."""
+    used = entries = 0
+    stack = [root]
+    while stack:
+        try:
+            it = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in it:
+            entries += 1
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            used += st.st_blocks * 512
+            if used > max_bytes or entries > max_entries:
+                return used, entries
+            if e.is_dir(follow_symlinks=False):
+                stack.append(Path(e.path))
+    return used, entries
 
 
 def walk_files(root: Path):

@@ -24,6 +24,7 @@ copies, removed after use).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import random
@@ -351,12 +352,65 @@ def statement(project: Project, output: str) -> str:
     )
 
 
+def old_sides(patch: str) -> list[list[str]]:
+    """Each hunk's old side of a unified diff (its context and ``-`` lines, in order): the pristine code around a
+    bug, which nothing visible to the agent may hold (tests/test_swe_visible_files.py scans for it)."""
+    out: list[list[str]] = []
+    cur: list[str] | None = None
+    for line in patch.splitlines():
+        if line.startswith("@@"):
+            cur = []
+            out.append(cur)
+        elif cur is None or line.startswith(("--- ", "+++ ", "\\")):
+            continue
+        elif line.startswith((" ", "-")):
+            cur.append(line[1:])
+        elif line == "":  # a blank context line some tools write without its space
+            cur.append("")
+    return [n for n in out if n]
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_texts(runner: Path) -> tuple[list[list[str]], frozenset[str]]:
+    """The runner interpreter's standard library (its ``.py`` files, lines stripped of trailing blanks) and the set
+    of all those lines: what the sandbox must show the agent whatever the task."""
+    out = subprocess.run(
+        [f"{runner}/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    files = []
+    for p in sorted(Path(out.stdout.strip()).rglob("*.py")):
+        try:
+            files.append([line.rstrip() for line in p.read_text(errors="replace").splitlines()])
+        except OSError:
+            continue
+    return files, frozenset(line for f in files for line in f)
+
+
+def in_stdlib(patch: str, runner: Path) -> bool:
+    """Whether a hunk's old side occurs verbatim (as consecutive lines) in the runner's standard library: a bug
+    in code the library copied from the stdlib has its answer in plain sight inside the sandbox."""
+    files, lines = _stdlib_texts(runner)
+    for side in old_sides(patch):
+        block = [line.rstrip() for line in side]
+        if not all(line in lines for line in block):
+            continue
+        n = len(block)
+        for f in files:
+            for i in range(len(f) - n + 1):
+                if f[i] == block[0] and f[i : i + n] == block:
+                    return True
+    return False
+
+
 def validate(
     root: Path, project: Project, runner: Path, scratch: Path, passing: set[str], path: str, m: bugs.Mutation
 ) -> dict | None:
     """The task an edit makes, or None when the tests reject it."""
     src = (root / path).read_text()
     bugged = bugs.apply(src, m)
+    if in_stdlib(bugs.unified_diff(path, src, bugged), runner):
+        return None  # the pristine code is the stdlib's (a vendored textwrap, say): visible to the agent
     with _copy(root, scratch) as work:
         (work / path).write_text(bugged)
         run = run_tests(work, project, runner, project.tests)

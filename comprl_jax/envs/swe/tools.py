@@ -63,6 +63,11 @@ class ToolEnv(TextEnv):
     def evaluate(self) -> tuple[float, str]:
         raise NotImplementedError
 
+    def _over_limits(self) -> str | None:
+        """Checked after every command and edit: why the working copy is past what an episode may hold (disk,
+        files), which ends the episode as the agent's failure; None when within them (the default: no check)."""
+        return None
+
     def _start_episode(self, files, task_id: str, project: str, goal: str, seed: int) -> dict[str, Any]:
         """Starts an episode on ``files`` (no edit to undo yet); returns its info dict."""
         self.files, self._history = files, {}
@@ -97,12 +102,19 @@ class ToolEnv(TextEnv):
             if bad:
                 return f"execute_bash: {bad}", 0.0, False, {"invalid_action": True}
             r = self._bash(cmd)
-            return cap(r.observation()) or "(no output)", 0.0, False, {"invalid_action": False}
+            return self._checked(cap(r.observation()) or "(no output)")
         try:
             out = self._editor(args)
         except ToolError as e:
             return f"str_replace_editor: {e}", 0.0, False, {"invalid_action": True}
-        return cap(out), 0.0, False, {"invalid_action": False}
+        return self._checked(cap(out))
+
+    def _checked(self, obs: str) -> tuple[str, float, bool, dict[str, Any]]:
+        why = self._over_limits()
+        if why is None:
+            return obs, 0.0, False, {"invalid_action": False}
+        end = f"\n[episode ended: {why}]"
+        return obs + end, 0.0, True, {"invalid_action": False, "success": False, "limit": why}
 
     def _resolve(self, path: Any) -> tuple[str | None, Any, str]:
         """(kind, key, shown path) of an agent's path; ToolError when it is not an absolute path in the repo."""
