@@ -163,7 +163,9 @@ def test_a_bug_in_code_copied_from_the_stdlib_is_not_a_task(runner):
     src = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
     at = src.index("        if self.width <= 0:")
     vendored = "# vendored\n" + src[at - 400 : at + 400]
-    patch = bugs.unified_diff("pkg/wrap.py", vendored, vendored.replace("self.width <= 0", "self.width <= 1", 1))
+    patch = bugs.unified_diff(
+        "pkg/wrap.py", vendored, vendored.replace("self.width <= 0", "self.width <= 1", 1)
+    )
     assert tasks.in_stdlib(patch, runner)
     own = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    return min(x, hi)\n"
     assert not tasks.in_stdlib(bugs.unified_diff("pkg/c.py", own, own.replace("x < lo", "x <= lo")), runner)
