@@ -194,3 +194,30 @@ def test_a_submission_past_its_byte_cap_is_refused_with_a_message(env):  # noqa:
     assert "big6.py" in obs
     obs, reward, done, info = step(env, call("submit"))
     assert done and reward == 0.0 and "more than 16 MiB" in obs and "submission_error" in info, obs
+
+
+def test_library_code_that_hangs_the_grader_is_the_agents_failure(task_file):  # noqa: F811
+    """Code the agent leaves that never returns (at import, under the hidden tests) ends at the grading limit, well
+    inside the pool's step timeout: a failed episode with its reason, not an env that hung (an infra failure)."""
+    import time
+
+    from comprl_jax.envs.swe import env as swe_env
+    from comprl_jax.envs.swe.sandbox import SandboxLimits
+
+    e = swe_env.SWELiteEnv(split="eval", task_file=task_file, grade_limits=SandboxLimits(wall_s=4, cpu_s=4))
+    try:
+        e.reset(seed=0)
+        e.step(
+            call(
+                "execute_bash",
+                command="printf 'import time\\ntime.sleep(10**6)\\n' >> inflection/__init__.py",
+            )
+        )
+        t0 = time.monotonic()
+        obs, reward, done, _, info = e.step(call("submit"))
+        assert done and reward == 0.0 and "killed at the time limit" in obs and "submission_error" in info, (
+            obs
+        )
+        assert time.monotonic() - t0 < 20
+    finally:
+        e.close()

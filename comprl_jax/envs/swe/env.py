@@ -81,6 +81,7 @@ class SWELiteEnv(ToolEnv):
         task_file: str | None = None,
         cache_dir: str | None = None,
         bash_limits: SandboxLimits = BASH_LIMITS,
+        grade_limits: SandboxLimits = tasks_lib.GRADE_LIMITS,
     ):
         super().__init__(max_turns)
         self.split = split
@@ -88,7 +89,9 @@ class SWELiteEnv(ToolEnv):
         if not self.tasks:
             raise ValueError(f"SWE-Lite split {split!r} has no task in {task_file or TASK_FILE}")
         self.cache = Path(cache_dir) if cache_dir else tasks_lib.swe_cache()
-        self.bash_limits = bash_limits
+        # both well inside the pool's step timeout (env.step_timeout_s, 60 s): a command or a grading run that the
+        # agent's code makes slow ends at these limits as the agent's failure, never as an env that hung
+        self.bash_limits, self.grade_limits = bash_limits, grade_limits
         self.task: dict | None = None
         self._episode: Path | None = None
 
@@ -242,7 +245,7 @@ class SWELiteEnv(ToolEnv):
         try:
             g = tasks_lib.grade(
                 fresh, project, self._runner, self.task["pass_to_pass"], self.task["fail_to_pass"],
-                decoys=self.task["fail_to_pass"],
+                decoys=self.task["fail_to_pass"], limits=self.grade_limits,
             )  # fmt: skip
         finally:
             _remove_tree(fresh)
