@@ -386,6 +386,9 @@ def system_layout() -> Layout:
             for extra in ("libgcc_s.so.1", "libnss_files.so.2"):
                 if os.path.exists(os.path.join(os.path.dirname(lib), extra)):
                     add(os.path.join(os.path.dirname(lib), extra))
+            # libc's own directory (/usr/lib/x86_64-linux-gnu) as one bind: shared libraries hold no project's
+            # code (the visible-files scan checks), and one bind instead of ~60 makes every command ~20 ms faster
+            add(os.path.dirname(real), tree=True)
 
     def under_tree(p: str) -> bool:
         return any(p.startswith(t + "/") for t in trees)
