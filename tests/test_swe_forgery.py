@@ -214,10 +214,19 @@ def test_filter_diff_drops_loader_files_whole():
         "@@ -0,0 +1 @@\n+x\n"
         "diff --git a/x.dist-info/entry_points.txt b/x.dist-info/entry_points.txt\n+[pytest11]\n"
         "diff --git a/pytest.py b/pytest.py\n+y\n"
+        "diff --git a/forge .dist-info/entry_points.txt b/forge .dist-info/entry_points.txt\n+[pytest11]\n"
     )
     kept, dropped = grading.filter_diff(diff)
     assert kept.count("diff --git") == 1 and "pkg/m.py" in kept
-    assert dropped == ["pytest.py", "sitecustomize.py", "x.dist-info/entry_points.txt"]
+    assert (
+        dropped
+        == [
+            "a/forge .dist-info/entry_points.txt b/forge .dist-info/entry_points.txt",  # a header that is not two paths
+            "pytest.py",
+            "sitecustomize.py",
+            "x.dist-info/entry_points.txt",
+        ]
+    )
     assert json.dumps(kept)  # plain text
 
 

@@ -70,24 +70,25 @@ def loader_files(paths) -> list[str]:
     return sorted(p for p in paths if not bench_admissible(p))
 
 
-_DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+_DIFF_START = re.compile(r"^diff --git ", re.M)
+_DIFF_FILE = re.compile(r"diff --git a/(\S+) b/(\S+)\n")
 
 
 def filter_diff(patch: str, admissible=bench_admissible) -> tuple[str, list[str]]:
     """A ``git diff`` cut to the files ``admissible`` accepts: (kept diff, dropped paths). A section whose old or
-    new path is refused is dropped whole (a rename cannot smuggle a file in)."""
-    starts = [m.start() for m in _DIFF_FILE.finditer(patch)]
+    new path is refused is dropped whole (a rename cannot smuggle a file in), and so is one whose header does not
+    read as two plain paths (a name with a space or git's quoting: never a place to hide a loader file)."""
+    starts = [m.start() for m in _DIFF_START.finditer(patch)]
     if not starts:
         return patch, []
     kept, dropped = [patch[: starts[0]]], []
     for i, s in enumerate(starts):
         section = patch[s : starts[i + 1] if i + 1 < len(starts) else len(patch)]
         m = _DIFF_FILE.match(section)
-        paths = {m.group(1), m.group(2)}
-        if all(admissible(p) for p in paths):
+        if m and admissible(m.group(1)) and admissible(m.group(2)):
             kept.append(section)
         else:
-            dropped.append(m.group(2))
+            dropped.append(m.group(2) if m else section.split("\n", 1)[0][len("diff --git ") :])
     return "".join(kept), sorted(set(dropped))
 
 
