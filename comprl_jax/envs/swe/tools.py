@@ -3,7 +3,8 @@
 Every SWE env (SWE-Lite on bubblewrap, ``env.py``; SWE-bench-format tasks on a container runtime or bubblewrap,
 ``bench.py``) is a :class:`ToolEnv`: the tool calls are parsed and answered here, the same way for both; a subclass
 supplies where the repository is (``repo_dir``, ``files``: files.py) and three hooks: ``_bash(command) -> Result``,
-``evaluate() -> (reward, report[, info])`` (what ``submit`` does; ``info`` joins the step's: ``tampering``, ``submission_error``) and its own ``_reset``.
+``evaluate() -> (reward, report[, info])`` (what ``submit`` does; ``info`` joins the step's: ``tampering``,
+``submission_error``) and its own ``_reset``.
 
 An action is one tool call as JSON inside ``<answer>...</answer>``::
 
