@@ -21,24 +21,39 @@ def test_scripts_parse():
         assert out.returncode == 0, out.stderr
 
 
-def test_tpu_pod_train_runs_the_same_command_on_every_host():
+def test_tpu_pod_train_starts_each_worker_with_its_process_id_and_worker_0_as_coordinator():
     out = _run(
         ["bash", "launch/tpu_pod.sh", "train", "my-v5p-64", "us-east5-a", "configs/minihack_room.py", "/mnt/r",
          "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.actor.model=/m/Qwen 7B"],
-        DRY_RUN="1",
+        DRY_RUN="1", DRY_RUN_HOSTS="10.0.0.2;10.0.0.3",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout)
-    assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5p-64"]
-    assert "--worker=all" in argv and "--zone=us-east5-a" in argv
-    remote = shlex.split(next(a for a in argv if a.startswith("--command=")).split("=", 1)[1])
-    i = remote.index("launch/train.py")
-    assert remote[i + 1 : i + 4] == ["--distributed", "--config=configs/minihack_room.py", "--workdir=/mnt/r"]
-    assert remote[i + 4 :] == [
-        "--config.mesh.data=1",
-        "--config.mesh.fsdp=-1",
-        "--config.actor.model=/m/Qwen 7B",
-    ]
+    lines = out.stdout.strip().splitlines()
+    assert (
+        len(lines) == 2
+    )  # one ssh per worker: no --worker=all, JAX cannot find a pod's layout off TPU hardware
+    for i, line in enumerate(lines):
+        argv = shlex.split(line)
+        assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5p-64"]
+        assert f"--worker={i}" in argv and "--zone=us-east5-a" in argv
+        remote = shlex.split(next(a for a in argv if a.startswith("--command=")).split("=", 1)[1])
+        assert remote[remote.index("nohup") - 1] == "{" and remote[-2:] == ["&", "}"]  # only the run detached
+        run = shlex.split(remote[remote.index("-c", remote.index("nohup")) + 1])
+        i0 = run.index("launch/train.py")
+        assert run[i0 + 1 : i0 + 9] == [
+            "--coordinator=10.0.0.2:8476", "--num_processes=2", f"--process_id={i}",
+            "--config=configs/minihack_room.py", "--workdir=/mnt/r",
+            "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.actor.model=/m/Qwen 7B",
+        ]  # fmt: skip
+        assert run[i0 + 9 :] == [
+            ">",
+            f"/mnt/r/logs/host{i}.log",
+            "2>&1;",
+            "echo",
+            "$?",
+            ">",
+            f"/mnt/r/logs/host{i}.exit",
+        ]
 
 
 def test_tpu_pod_usage_errors():
@@ -48,7 +63,7 @@ def test_tpu_pod_usage_errors():
     assert out.returncode in (0, 2)  # 0 when this checkout has an origin remote, else it asks for REPO_URL
 
 
-def test_slurm_runs_srun_with_distributed_and_flags_train_accepts():
+def test_slurm_runs_srun_with_distributed_and_flags_train_accepts(tmp_path):
     out = _run(
         [
             "bash",
@@ -58,14 +73,26 @@ def test_slurm_runs_srun_with_distributed_and_flags_train_accepts():
             "--config.mesh.tensor=2",
         ],
         SRUN="echo",
+        LOG_DIR=str(tmp_path),
+        SLURM_CPUS_PER_TASK="32",
     )
     assert out.returncode == 0, out.stderr
     argv = shlex.split(out.stdout)
-    assert argv[:3] == ["--kill-on-bad-exit=1", ".venv/bin/python", "launch/train.py"]
-    assert argv[3:] == [
+    assert argv[:4] == [
+        "--kill-on-bad-exit=1",
+        f"--output={tmp_path}/host%t.log",
+        ".venv/bin/python",
+        "launch/train.py",
+    ]
+    assert argv[4:] == [
         "--distributed", "--config=configs/minihack_room.py:smollm", "--workdir=/shared/r", "--config.mesh.tensor=2"
     ]  # fmt: skip
     assert _run(["bash", "launch/slurm.sbatch"], SRUN="echo").returncode == 2
+    # the CPUs of --cpus-per-task reach srun's step (Slurm >= 22.05 reads SRUN_CPUS_PER_TASK, not the job's)
+    assert (
+        "export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK"
+        in open(os.path.join(ROOT, "launch/slurm.sbatch")).read()
+    )
     # the flags the recipes pass are train.py's own
     helpfull = _run([sys.executable, "launch/train.py", "--helpfull"]).stdout
     for flag in ("--distributed", "--coordinator", "--num_processes", "--process_id", "--workdir"):

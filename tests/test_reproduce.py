@@ -242,7 +242,8 @@ def test_slurm_commands_run_the_recipe():
 
 
 def test_tpu_pod_execute_goes_through_the_recipe():
-    """--execute with tpu_pod.sh's own DRY_RUN=1: the gcloud command that runs train.py on every host."""
+    """--execute with tpu_pod.sh's own DRY_RUN=1: one gcloud command per host, each running train.py with its
+    process id and worker 0 as the coordinator."""
     out = _cli(
         "--table=capacity", "--launcher=tpu_pod", "--tpu_name=my-v5p-64", "--zone=us-east5-a", "--seeds=0",
         "--root=/mnt/shared/runs", "--execute", "--compile_plans=", env={"DRY_RUN": "1"},
@@ -250,14 +251,18 @@ def test_tpu_pod_execute_goes_through_the_recipe():
     runs, cmds, _ = _runs(out.stdout)
     assert shlex.split(cmds[0])[:4] == ["launch/tpu_pod.sh", "train", "my-v5p-64", "us-east5-a"]
     gcloud = [shlex.split(ln) for ln in out.stdout.splitlines() if ln.startswith("gcloud ")]
-    assert len(gcloud) == 1 and gcloud[0][:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5p-64"]
-    remote = shlex.split(next(a for a in gcloud[0] if a.startswith("--command=")).split("=", 1)[1])
-    i = remote.index("launch/train.py")
-    assert remote[i + 1 : i + 4] == [
-        "--distributed", "--config=configs/extractor_capacity.py:complementary",
-        "--workdir=/mnt/shared/runs/capacity/extractor_capacity_complementary_s0",
-    ]  # fmt: skip
-    assert remote[i + 4 :] == runs[0]["overrides"]
+    assert len(gcloud) == 2  # DRY_RUN's two hosts (DRY_RUN_HOSTS)
+    for pid, g in enumerate(gcloud):
+        assert g[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-v5p-64"] and f"--worker={pid}" in g
+        remote = shlex.split(next(a for a in g if a.startswith("--command=")).split("=", 1)[1])
+        run = shlex.split(remote[remote.index("-c", remote.index("nohup")) + 1])
+        i = run.index("launch/train.py")
+        assert run[i + 1 : i + 6] == [
+            "--coordinator=HOST0:8476", "--num_processes=2", f"--process_id={pid}",
+            "--config=configs/extractor_capacity.py:complementary",
+            "--workdir=/mnt/shared/runs/capacity/extractor_capacity_complementary_s0",
+        ]  # fmt: skip
+        assert run[i + 6 : run.index(">")] == runs[0]["overrides"]
 
 
 # -- estimates ---------------------------------------------------------------------------------------------
