@@ -215,7 +215,7 @@ def test_train_py_accepts_a_printed_command(tmp_path):
     assert "running: " in out.stderr and os.listdir(tmp_path) == []
 
 
-def test_slurm_commands_run_the_recipe():
+def test_slurm_commands_run_the_recipe(tmp_path):
     out = _cli("--table=1", "--launcher=slurm", "--seeds=2", "--root=/shared/runs")
     runs, cmds, _ = _runs(out.stdout)
     assert len(runs) == 5
@@ -232,12 +232,14 @@ def test_slurm_commands_run_the_recipe():
     ]
     # the recipe itself, with its srun hook: the line every node runs
     srun = subprocess.run(
-        ["bash", *argv[3:]], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "SRUN": "echo"}, timeout=60
+        ["bash", *argv[3:]], capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "SRUN": "echo", "LOG_DIR": str(tmp_path)},  # the recipe makes its log directory
     )  # fmt: skip
     assert srun.returncode == 0, srun.stderr
     line = shlex.split(srun.stdout)
-    assert line[1:5] == [".venv/bin/python", "launch/train.py", "--distributed", f"--config={argv[4]}"]
-    assert line[5] == f"--workdir={argv[5]}" and line[6:] == argv[6:]
+    assert line[:2] == ["--kill-on-bad-exit=1", f"--output={tmp_path}/host%t.log"]
+    assert line[2:6] == [".venv/bin/python", "launch/train.py", "--distributed", f"--config={argv[4]}"]
+    assert line[6] == f"--workdir={argv[5]}" and line[7:] == argv[6:]
     assert "--config.seed=2" in line and "--config.mesh.extractor_tensor=2" in line  # 8xH100 plan
 
 
