@@ -9,31 +9,15 @@ entries, key vectors, op log, extractor buffer, counters, task sampler); they mu
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
-from trainer_helpers import REPO, cache_env, flags
+from trainer_helpers import REPO, TWO_PROCESS_OVER, cache_env, flags, free_port
 
 pytestmark = pytest.mark.slow
 
-# 8 episodes per step: one row per device of the (data 8) actor mesh spanning both processes.
-OVER = {
-    "mesh.num_devices": 0,
-    "rollout.tasks_per_step": 2,
-    "rollout.group_size": 4,
-    "actor.micro_batch": 8,
-    "extractor.micro_batch": 8,
-    "extractor.buffer.batch_size": 8,
-    "train.steps": 3,
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+OVER = {**TWO_PROCESS_OVER, "train.steps": 3}
 
 
 @pytest.fixture(scope="session")  # once per xdist worker even when other modules run between its tests
@@ -43,7 +27,7 @@ def xla_cache(tmp_path_factory):
 
 
 def _launch(workdir, steps, cache, **over):
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",

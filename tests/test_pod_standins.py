@@ -14,22 +14,12 @@ import sys
 import time
 
 import pytest
-from trainer_helpers import REPO, cache_env, flags
+from trainer_helpers import REPO, TWO_PROCESS_OVER, cache_env, flags, free_port
 
 pytestmark = pytest.mark.slow
 
 STANDINS = os.path.join(REPO, "tests", "standins")
-# 8 episodes per step over the two processes' 8 devices (tests/test_multihost.py's settings)
-OVER = {
-    "mesh.num_devices": 0,
-    "rollout.tasks_per_step": 2,
-    "rollout.group_size": 4,
-    "actor.micro_batch": 8,
-    "extractor.micro_batch": 8,
-    "extractor.buffer.batch_size": 8,
-    "train.steps": 2,
-    "mesh.placement": "colocated",
-}
+OVER = {**TWO_PROCESS_OVER, "train.steps": 2, "mesh.placement": "colocated"}
 CONFIG = "configs/minihack_room.py:tiny"
 
 
@@ -50,15 +40,9 @@ def pod_env(tmp_path_factory):
         "FAKE_SLURM_ROOT": str(root / "slurm"),
         "FAKE_GCLOUD_LOG": str(root / "gcloud.jsonl"),
         "POLL_S": "1",
-        "COORDINATOR_PORT": str(_free_port()),
+        "COORDINATOR_PORT": str(free_port()),
         **cache_env(root / "xla_cache"),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _free_slurm_job_id() -> str:
@@ -149,7 +133,7 @@ def test_the_tpu_recipe_runs_every_host_detached_with_a_log_each(tpu_run, pod_en
 def test_a_killed_host_stops_the_others_and_the_run_resumes_exactly(tpu_run, pod_env, tmp_path):
     ref, _ = tpu_run
     work = tmp_path / "run"
-    env = {**pod_env, "COORDINATOR_PORT": str(_free_port())}
+    env = {**pod_env, "COORDINATOR_PORT": str(free_port())}
     out = _tpu(env, "train", "fake-v5p", "zone-a", CONFIG, str(work), *flags(**OVER), DETACH="1")
     assert out.returncode == 0, out.stderr
     # kill host 1 once the first step's checkpoint is there: mid-run, in step 1

@@ -181,3 +181,23 @@ def unread_keys(config, reads: set[str]) -> list[str]:
 
     keys = flatten(config_tree(config))
     return sorted(k for k in keys if k not in reads and not any(r.startswith(k + ".") for r in reads))
+
+
+# Two processes x 4 fake CPU devices, 8 episodes per step: one row per device of the (data 8) actor mesh spanning
+# both processes (tests/test_multihost.py, tests/test_pod_standins.py).
+TWO_PROCESS_OVER = {
+    "mesh.num_devices": 0,
+    "rollout.tasks_per_step": 2,
+    "rollout.group_size": 4,
+    "actor.micro_batch": 8,
+    "extractor.micro_batch": 8,
+    "extractor.buffer.batch_size": 8,
+}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
